@@ -1,0 +1,34 @@
+# Quick start:  make demo   (set up + run the sandboxed demo)
+#               make test   (set up + run the test suite)
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HELPER := sandlock/_libexec/sandlock-exec
+
+.PHONY: setup helper demo test bench clean
+
+setup: $(BIN)/.installed helper
+
+$(BIN)/.installed: pyproject.toml scripts/setup-system
+	./scripts/setup-system
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+helper: $(HELPER)
+
+$(HELPER): sandlock/_libexec/sandlock-exec.c
+	cc -O2 -Wall -Wextra -Werror -static -o $@ $<
+
+demo: setup
+	$(BIN)/python examples/demo.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) $(HELPER) build *.egg-info

@@ -1,0 +1,52 @@
+"""The libc handle and the single raw-syscall entry point.
+
+Every wrapper in this package calls `syscall()` (or a libc function declared here), which
+raises OSError with the real errno. ctypes releases the GIL around foreign calls, so a
+blocking syscall never stalls other Python threads.
+"""
+
+import ctypes
+import os
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+_syscall = libc.syscall
+_syscall.restype = ctypes.c_long
+
+# x86-64 syscall numbers used by this package (asm/unistd_64.h).
+NR_SECCOMP = 317
+NR_PIDFD_SEND_SIGNAL = 424
+NR_PIDFD_OPEN = 434
+NR_CLOSE_RANGE = 436
+NR_PIDFD_GETFD = 438
+NR_LANDLOCK_CREATE_RULESET = 444
+NR_LANDLOCK_ADD_RULE = 445
+NR_LANDLOCK_RESTRICT_SELF = 446
+NR_FCHMODAT2 = 452
+NR_PROCESS_VM_READV = 310
+NR_CAPGET = 125
+NR_CAPSET = 126
+NR_PRCTL = 157
+
+
+def syscall(nr: int, *args) -> int:
+    """Call syscall `nr`; raise OSError(errno) on failure, return the result otherwise."""
+    ret = _syscall(ctypes.c_long(nr), *args)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def syscall_errno(nr: int, *args) -> int:
+    """Like `syscall` but returns -errno instead of raising (for the post-fork child)."""
+    ret = _syscall(ctypes.c_long(nr), *args)
+    if ret < 0:
+        return -ctypes.get_errno()
+    return ret
+
+
+def close_range_cloexec(first: int) -> int:
+    """Mark every fd >= first close-on-exec (close_range, CLOSE_RANGE_CLOEXEC); -errno on error."""
+    return syscall_errno(NR_CLOSE_RANGE, ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF),
+                         ctypes.c_uint(1 << 2))

@@ -1,0 +1,172 @@
+/*
+ * sandlock-exec: the trampoline between posix_spawn and the sandboxed program.
+ *
+ * The Python parent prepares everything (Landlock ruleset fd, BPF program, argv, env) and
+ * starts this helper with posix_spawn, which puts it in a new process group, sets stdio,
+ * resets signal dispositions and mask, and places these fds:
+ *   3 status (write): records {int32 step, int32 value}; EOF at exec means success
+ *   4 ack (read): one byte from the parent once it holds the seccomp listener
+ *   5 Landlock ruleset, or -1 in argv when Landlock is unavailable (degraded)
+ *   6 BPF program (struct sock_filter[]), read with pread
+ * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) HAS_RULESET(0|1)
+ *       RLIMITS("res:soft:hard,..." or "-") -- EXE ARGV0 ARGV...
+ *
+ * Order: close every other fd -> cwd -> rlimits -> capabilities -> NO_NEW_PRIVS ->
+ * Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
+ * Invariant: the program never runs before the supervisor holds the listener, and never
+ * holds the listener itself (it is closed before exec). Any failure exits 127 after
+ * reporting the step and errno; nothing is ever run half-confined.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/landlock.h>
+#include <linux/prctl.h>
+#include <linux/seccomp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Step numbers: must match sandlock/launch.py STEPS. */
+enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, ST_BOUNDING,
+       ST_CAPSET, ST_AMBIENT, ST_NO_NEW_PRIVS, ST_LANDLOCK, ST_SECCOMP_READ, ST_SECCOMP,
+       ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE };
+
+enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6 };
+
+#define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
+#define MAX_BPF_INSNS 4096
+
+static void report(int step, int value) {
+    int32_t rec[2] = {step, value};
+    ssize_t n;
+    do {
+        n = write(FD_STATUS, rec, sizeof rec);
+    } while (n < 0 && errno == EINTR);
+}
+
+static void fail(int step, int err) {
+    report(step, err);
+    _exit(127);
+}
+
+static unsigned long long parse_num(const char *s, int base) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, base);
+    if (errno || *end || end == s)
+        fail(ST_ARGS, EINVAL);
+    return v;
+}
+
+static void set_rlimits(const char *spec) {
+    if (strcmp(spec, "-") == 0)
+        return;
+    char buf[512];
+    if (strlen(spec) >= sizeof buf)
+        fail(ST_ARGS, E2BIG);
+    strcpy(buf, spec);
+    for (char *item = strtok(buf, ","); item; item = strtok(NULL, ",")) {
+        char *soft = strchr(item, ':');
+        char *hard = soft ? strchr(soft + 1, ':') : NULL;
+        if (!soft || !hard)
+            fail(ST_ARGS, EINVAL);
+        *soft++ = 0;
+        *hard++ = 0;
+        struct rlimit rl = {parse_num(soft, 10), parse_num(hard, 10)};
+        if (setrlimit((int)parse_num(item, 10), &rl) < 0)
+            fail(ST_RLIMIT, errno);
+    }
+}
+
+/* Root's capabilities never reach the sandbox, except those kept by name. */
+static void drop_capabilities(uint64_t keep, int cap_last, int privileged) {
+    if (privileged) {
+        if (prctl(PR_SET_SECUREBITS, SECBITS_SANDBOX, 0, 0, 0) < 0)
+            fail(ST_SECUREBITS, errno);
+        for (int cap = 0; cap <= cap_last; cap++)
+            if (!(keep & (1ULL << cap)) && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
+                fail(ST_BOUNDING, errno);
+        struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+        struct __user_cap_data_struct data[2];
+        for (int i = 0; i < 2; i++) {
+            uint32_t part = (uint32_t)(keep >> (32 * i));
+            data[i].effective = data[i].permitted = data[i].inheritable = part;
+        }
+        if (syscall(SYS_capset, &hdr, data) < 0)
+            fail(ST_CAPSET, errno);
+    }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
+        fail(ST_AMBIENT, errno);
+    if (privileged)
+        for (int cap = 0; cap <= cap_last; cap++)
+            if ((keep & (1ULL << cap)) &&
+                prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0) < 0)
+                fail(ST_AMBIENT, errno);
+}
+
+static int load_seccomp(void) {
+    static struct sock_filter insns[MAX_BPF_INSNS];
+    ssize_t n = pread(FD_BPF, insns, sizeof insns, 0);
+    if (n <= 0 || n % sizeof(struct sock_filter) || n == sizeof insns)
+        fail(ST_SECCOMP_READ, n < 0 ? errno : EINVAL);
+    struct sock_fprog prog = {(unsigned short)(n / sizeof(struct sock_filter)), insns};
+    int flags = SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
+    int listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog);
+    if (listener < 0)
+        fail(ST_SECCOMP, errno);
+    return listener;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 10 || strcmp(argv[7], "--") != 0)
+        fail(ST_ARGS, EINVAL);
+    const char *cwd = argv[1];
+    uint64_t keep = parse_num(argv[2], 16);
+    int cap_last = (int)parse_num(argv[3], 10);
+    int privileged = (int)parse_num(argv[4], 10);
+    int has_ruleset = (int)parse_num(argv[5], 10);
+    if (cap_last > 63)
+        fail(ST_ARGS, EINVAL);
+
+    /* Nothing the parent leaked (fds without O_CLOEXEC) reaches the program. */
+    if (syscall(SYS_close_range, FD_BPF + 1, ~0U, 0) < 0)
+        fail(ST_CLOSE_FDS, errno);
+    if (strcmp(cwd, "-") != 0 && chdir(cwd) < 0)
+        fail(ST_CHDIR, errno);
+    set_rlimits(argv[6]);
+    drop_capabilities(keep, cap_last, privileged);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        fail(ST_NO_NEW_PRIVS, errno);
+    if (has_ruleset && syscall(SYS_landlock_restrict_self, FD_RULESET, 0) < 0)
+        fail(ST_LANDLOCK, errno);
+
+    int listener = load_seccomp();
+    report(ST_LISTENER, listener);
+    char ack = 0;
+    ssize_t n;
+    do {
+        n = read(FD_ACK, &ack, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1 || ack != 1)
+        _exit(127); /* the parent went away: never run unsupervised */
+    close(listener);
+    close(FD_ACK);
+    close(FD_RULESET);
+    close(FD_BPF);
+    if (fcntl(FD_STATUS, F_SETFD, FD_CLOEXEC) < 0)
+        fail(ST_CLOEXEC, errno);
+
+    execve(argv[8], &argv[9], environ);
+    int err = errno;
+    report(ST_EXECVE, err);
+    _exit(err == ENOENT ? 127 : 126); /* the shell's codes for "not found" / "cannot run" */
+}

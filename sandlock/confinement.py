@@ -1,0 +1,97 @@
+"""The one place where a Policy becomes kernel objects: a Landlock ruleset, a BPF program,
+capability sets and resource limits, all prepared in the parent before fork.
+
+A `Confinement` is immutable once built and shared by every run of the same policy: the
+child only applies it (sandlock.launch).
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+from . import features, fs_rules, syscall_filter
+import fcntl
+import os
+
+from ._kernel import caps, landlock
+from .errors import PolicyError
+from .policy import Policy
+
+
+@dataclass
+class Confinement:
+    ruleset: landlock.LandlockRuleset | None
+    bpf_fd: int  # sealed memfd holding the BPF program (struct sock_filter[])
+    supervised: bool
+    cap_sets: caps.CapSets | None  # None: the parent holds no capabilities to drop
+    keep_caps: int
+    cap_last: int
+    rlimits: tuple[tuple[int, int, int], ...]
+    degradations: tuple[str, ...]
+
+
+def _build_ruleset(policy: Policy, abi: int) -> landlock.LandlockRuleset | None:
+    if abi < 1:
+        return None
+    handled_net = 0
+    if abi >= 4:
+        if not policy.tcp_connect.any_port:
+            handled_net |= landlock.NET_CONNECT_TCP
+        if not policy.tcp_bind.any_port:
+            handled_net |= landlock.NET_BIND_TCP
+    ruleset = landlock.LandlockRuleset(abi, landlock.fs_rights_for_abi(abi), handled_net,
+                                       landlock.scopes_for_abi(abi))
+    try:
+        rules = fs_rules.plan_path_rules(policy.fs_readable, policy.fs_writable,
+                                         policy.fs_denied)
+        fs_rules.add_path_rules(ruleset, rules)
+        if handled_net & landlock.NET_CONNECT_TCP:
+            for port in sorted(policy.tcp_connect.ports):
+                ruleset.allow_port(port, landlock.NET_CONNECT_TCP)
+        if handled_net & landlock.NET_BIND_TCP:
+            for port in sorted(policy.tcp_bind.ports):
+                ruleset.allow_port(port, landlock.NET_BIND_TCP)
+    except OSError as e:
+        ruleset.close()
+        raise PolicyError(f"building the Landlock ruleset failed: {e.strerror}") from None
+    return ruleset
+
+
+def _sealed_memfd(name: str, data: bytes) -> int:
+    """A close-on-exec memfd with `data`, sealed so that nothing can change it later."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
+                | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+def build(policy: Policy) -> Confinement:
+    accepted = features.check(policy.allow_degraded)
+    kf = features.detect()
+    supervised = features.supervisor_available(kf)
+    base = caps.capget()
+    cap_sets = None
+    if base.mask("permitted") or base.mask("effective"):
+        keep = policy.keep_caps & base.mask("permitted")
+        cap_sets = caps.CapSets(keep, keep, keep)
+    elif policy.keep_caps:
+        raise PolicyError("keep_capabilities: this process holds no capabilities to keep")
+    limits = []
+    if policy.no_coredump:
+        limits.append((resource.RLIMIT_CORE, 0, 0))
+    if policy.max_open_files is not None:
+        limits.append((resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files))
+    bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised,
+                                        deny_inet=kf.landlock_abi < 4)
+    return Confinement(
+        ruleset=_build_ruleset(policy, kf.landlock_abi),
+        bpf_fd=_sealed_memfd("sandlock-bpf", bpf),
+        supervised=supervised,
+        cap_sets=cap_sets,
+        keep_caps=policy.keep_caps,
+        cap_last=caps.cap_last_cap(),
+        rlimits=tuple(limits),
+        degradations=tuple(accepted),
+    )

@@ -1,0 +1,162 @@
+"""Starting a confined process: posix_spawn the trampoline, hand its listener to the
+supervisor, let it exec.
+
+The parent may be multi-threaded (the supervisor thread, the caller's threads), so no
+Python code runs between fork and exec: posix_spawn (vfork + exec in glibc) starts the
+C trampoline `_libexec/sandlock-exec`, which applies the prepared confinement with raw
+syscalls and execs the program. Its steps and their order are documented in its source.
+A failing step reaches the parent over a close-on-exec pipe as (step, errno); end-of-file
+on that pipe means execve succeeded.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import struct
+
+from ._kernel.pidfd import pidfd_getfd, pidfd_open
+from .confinement import Confinement
+from .errors import SandboxError
+
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libexec", "sandlock-exec")
+
+# Must match the enum in sandlock-exec.c.
+STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
+         "securebits", "capability bounding set", "capset", "ambient capabilities",
+         "no_new_privs", "landlock_restrict_self", "reading the seccomp program", "seccomp",
+         "handshake", "close-on-exec", "execve")
+_STEP = {name: i for i, name in enumerate(STEPS)}
+_RECORD = struct.Struct("<ii")
+_FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF = 3, 4, 5, 6
+SETUP_TIMEOUT = 10.0
+
+
+class Spawned:
+    """A started sandboxed process: its pid, a pidfd for its exit, any exec error."""
+
+    def __init__(self, pid: int, pidfd: int, exec_error: str | None):
+        self.pid = pid
+        self.pidfd = pidfd
+        self.exec_error = exec_error
+
+
+def _read_record(fd: int, timeout: float) -> tuple[int, int] | None:
+    """One (step, value) record, or None at EOF. Raises TimeoutError past `timeout`."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    buf = b""
+    while len(buf) < _RECORD.size:
+        if not poller.poll(int(timeout * 1000)):
+            raise TimeoutError
+        chunk = os.read(fd, _RECORD.size - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return _RECORD.unpack(buf)
+
+
+def _file_actions(placements: list[tuple[int, int]]) -> list[tuple]:
+    """dup2 each (source, target) without clobbering: sources go to scratch slots above
+    every fd involved first, then to their targets."""
+    scratch = max([s for s, _ in placements] + [t for _, t in placements]) + 1
+    actions = []
+    for i, (src, _) in enumerate(placements):
+        actions.append((os.POSIX_SPAWN_DUP2, src, scratch + i))
+    for i, (_, target) in enumerate(placements):
+        actions.append((os.POSIX_SPAWN_DUP2, scratch + i, target))
+    for i in range(len(placements)):
+        actions.append((os.POSIX_SPAWN_CLOSE, scratch + i))
+    return actions
+
+
+def _helper_argv(conf: Confinement, exe: bytes, argv: list[bytes], cwd: str | None) -> list:
+    rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
+    return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
+            "1" if conf.cap_sets is not None else "0",
+            "1" if conf.ruleset is not None else "0", rlimits, "--", exe] + argv
+
+
+def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
+          cwd: str | None, stdio: tuple[int, int, int], attach) -> Spawned:
+    """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit).
+
+    `attach(listener_fd)` hands our duplicate of the listener to the supervisor; it runs
+    while the trampoline waits, before the program is exec'd.
+    """
+    if not os.access(HELPER, os.X_OK):
+        raise SandboxError(f"the sandlock-exec helper is missing ({HELPER}); build it with "
+                           f"'make helper' or reinstall sandlock")
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
+    ruleset_fd = conf.ruleset.fd if conf.ruleset is not None else conf.bpf_fd
+    placements = [(fd, i) for i, fd in enumerate(stdio) if fd >= 0]
+    placements += [(status_w, _FD_STATUS), (ack_r, _FD_ACK), (ruleset_fd, _FD_RULESET),
+                   (conf.bpf_fd, _FD_BPF)]
+    try:
+        pid = os.posix_spawn(
+            HELPER, _helper_argv(conf, exe, argv, cwd), env,
+            file_actions=_file_actions(placements), setpgroup=0,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
+            setsigmask=())
+    except OSError as e:
+        for fd in (status_r, status_w, ack_r, ack_w):
+            os.close(fd)
+        raise SandboxError(f"starting the sandbox failed: posix_spawn: {e.strerror}") from None
+    os.close(status_w)
+    os.close(ack_r)
+    pidfd = -1
+    try:
+        pidfd = pidfd_open(pid)
+        rec = _read_record(status_r, SETUP_TIMEOUT)
+        if rec is None or rec[0] != _STEP["listener"]:
+            raise _setup_error(rec)
+        attach(pidfd_getfd(pidfd, rec[1]))
+        os.write(ack_w, b"\x01")
+        os.close(ack_w)
+        ack_w = -1
+        rec = _read_record(status_r, SETUP_TIMEOUT)
+        exec_error = None
+        if rec is not None:
+            if rec[0] != _STEP["execve"]:
+                raise _setup_error(rec)
+            exec_error = f"execve {os.fsdecode(exe)}: {os.strerror(rec[1])}"
+        return Spawned(pid, pidfd, exec_error)
+    except BaseException as e:
+        _kill_and_reap(pid, pidfd)
+        if isinstance(e, TimeoutError):
+            raise SandboxError(f"sandbox setup did not finish within {SETUP_TIMEOUT:.0f}s; "
+                               f"the process was killed") from None
+        if isinstance(e, OSError):
+            raise SandboxError(f"handing the seccomp listener to the supervisor failed: "
+                               f"{e.strerror}") from None
+        raise
+    finally:
+        os.close(status_r)
+        if ack_w >= 0:
+            os.close(ack_w)
+
+
+def _setup_error(rec) -> SandboxError:
+    if rec is None:
+        return SandboxError("the sandbox exited during setup")
+    step, err = rec
+    name = STEPS[step] if 0 <= step < len(STEPS) else f"step {step}"
+    detail = os.strerror(err) if err > 0 else "unexpected error"
+    return SandboxError(f"sandbox setup failed at {name}: {detail} "
+                        f"({errno.errorcode.get(err, err)})")
+
+
+def _kill_and_reap(pid: int, pidfd: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    if pidfd >= 0:
+        os.close(pidfd)

@@ -1,0 +1,245 @@
+"""Validating a `Sandbox`'s fields into a normalised, immutable `Policy`.
+
+This is the boundary where user input enters: every error names the field and the value.
+Nothing here touches kernel state; it only reads the filesystem to resolve paths.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+
+from .errors import PolicyError
+from ._kernel.caps import CAP_NAMES
+
+# What `sandlock run` grants when no -r is given: enough to run system programs.
+SYSTEM_READABLE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc")
+SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+SYSTEM_DENIED_GLOBS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-",
+                       "/etc/sudoers", "/etc/sudoers.d", "/etc/ssh/ssh_host_*key",
+                       "/etc/ssl/private", "/etc/security/opasswd")
+
+
+def system_readable() -> list[str]:
+    return [p for p in SYSTEM_READABLE if os.path.exists(p)]
+
+
+def system_denied() -> list[str]:
+    return sorted(p for pattern in SYSTEM_DENIED_GLOBS for p in glob.glob(pattern))
+
+
+@dataclass(frozen=True)
+class PortSet:
+    """TCP ports for Landlock. `any_port` means the right is not restricted at all."""
+    ports: frozenset[int] = frozenset()
+    any_port: bool = False
+
+
+@dataclass(frozen=True)
+class Policy:
+    fs_readable: tuple[str, ...]
+    fs_writable: tuple[str, ...]
+    fs_denied: tuple[str, ...]
+    tcp_connect: PortSet
+    tcp_bind: PortSet
+    deny_syscalls: frozenset[str]
+    keep_caps: int
+    env: tuple[tuple[str, str], ...]
+    clean_env: bool
+    cwd: str | None
+    max_open_files: int | None
+    no_coredump: bool
+    allow_degraded: bool
+    name: str | None
+
+
+# Fields that exist in the API but whose mechanism is not in this version. Setting one is an
+# error rather than a silent no-op: a policy must never look stricter than it is.
+_NOT_YET = {
+    "net_deny": "the network supervisor", "net_deny_bind": "the network supervisor",
+    "port_remap": "the network supervisor",
+    "http_allow": "the HTTP filter", "http_deny": "the HTTP filter",
+    "http_ports": "the HTTP filter", "http_ca": "the HTTP filter", "http_key": "the HTTP filter",
+    "http_inject_ca": "the HTTP filter", "http_ca_out": "the HTTP filter",
+    "workdir": "the copy-on-write workspace", "fs_storage": "the copy-on-write workspace",
+    "max_disk": "the copy-on-write workspace",
+    "max_memory": "resource limits", "max_processes": "resource limits",
+    "max_cpu": "resource limits", "cpu_cores": "resource limits", "num_cpus": "resource limits",
+    "random_seed": "determinism controls", "time_start": "determinism controls",
+    "no_randomize_memory": "determinism controls", "no_huge_pages": "determinism controls",
+    "deterministic_dirs": "determinism controls",
+    "uid": "uid/gid mapping", "gid": "uid/gid mapping",
+    "policy_fn": "runtime policy callbacks", "init_fn": "COW fork", "work_fn": "COW fork",
+    "disable": "protection waivers",
+}
+
+
+def reject_unimplemented(fields: dict) -> None:
+    for key, mechanism in _NOT_YET.items():
+        value = fields.get(key)
+        if value not in (None, (), [], {}, False):
+            raise PolicyError(f"{key}={value!r}: needs {mechanism}, which this version of "
+                              f"sandlock does not implement; remove the field")
+
+
+def _paths(field: str, values, must_exist: bool) -> tuple[str, ...]:
+    if values is None:
+        return ()
+    if isinstance(values, (str, bytes, os.PathLike)):
+        raise PolicyError(f"{field}: expected a list of paths, got the single value {values!r}")
+    out = []
+    for v in values:
+        try:
+            p = os.fsdecode(v)
+        except TypeError:
+            raise PolicyError(f"{field}: {v!r} is not a path") from None
+        if not p or "\0" in p:
+            raise PolicyError(f"{field}: {v!r} is not a valid path")
+        real = os.path.realpath(p)
+        if must_exist and not os.path.exists(real):
+            raise PolicyError(f"{field}: {p} does not exist")
+        out.append(real)
+    return tuple(dict.fromkeys(out))
+
+
+def parse_port(text: str, field: str, spec: str, allow_zero: bool = False) -> int:
+    if not text.isdigit():
+        raise PolicyError(f"{field} {spec!r}: {text!r} is not a port number")
+    port = int(text)
+    if not (0 if allow_zero else 1) <= port <= 65535:
+        raise PolicyError(f"{field} {spec!r}: port {port} is outside 1-65535")
+    return port
+
+
+def parse_port_list(text: str, field: str, spec: str, allow_zero: bool = False) -> PortSet:
+    """`443`, `80,443`, `8000-8010`, `*`. Mixing `*` with ports is an error."""
+    items = [t.strip() for t in text.split(",")]
+    if "*" in items:
+        if len(items) > 1:
+            raise PolicyError(f"{field} {spec!r}: '*' cannot be combined with other ports")
+        return PortSet(any_port=True)
+    ports: set[int] = set()
+    for item in items:
+        lo, sep, hi = item.partition("-")
+        if sep:
+            a = parse_port(lo, field, spec, allow_zero)
+            b = parse_port(hi, field, spec, allow_zero)
+            if a > b:
+                raise PolicyError(f"{field} {spec!r}: range {item} is empty")
+            ports.update(range(a, b + 1))
+        else:
+            ports.add(parse_port(item, field, spec, allow_zero))
+    return PortSet(frozenset(ports))
+
+
+def parse_net_allow(specs) -> PortSet:
+    """Endpoint specs whose target is any IP (`:443`, `*:80,443`, `tcp://:22`) become Landlock
+    TCP connect ports. No rules means no TCP connect at all."""
+    if specs is None:
+        return PortSet()
+    if isinstance(specs, str):
+        raise PolicyError(f"net_allow: expected a list of endpoint specs, got {specs!r}")
+    ports: set[int] = set()
+    for spec in specs:
+        if not isinstance(spec, str) or not spec:
+            raise PolicyError(f"net_allow: {spec!r} is not an endpoint spec")
+        scheme, sep, rest = spec.partition("://")
+        if not sep:
+            scheme, rest = "", spec
+        if scheme not in ("", "tcp", "udp", "icmp"):
+            raise PolicyError(f"net_allow {spec!r}: unknown scheme {scheme!r} "
+                              f"(expected tcp://, udp:// or icmp://)")
+        if scheme in ("udp", "icmp"):
+            raise PolicyError(f"net_allow {spec!r}: {scheme} rules need the network supervisor, "
+                              f"which this version of sandlock does not implement")
+        target, colon, port_text = rest.rpartition(":")
+        if not colon:
+            target, port_text = rest, "*"
+        if target not in ("", "*"):
+            raise PolicyError(f"net_allow {spec!r}: rules naming a host or address need the "
+                              f"network supervisor, which this version of sandlock does not "
+                              f"implement; use a port-only rule such as ':443'")
+        parsed = parse_port_list(port_text, "net_allow", spec)
+        if parsed.any_port:
+            return parsed
+        ports.update(parsed.ports)
+    return PortSet(frozenset(ports))
+
+
+def parse_bind_ports(specs) -> PortSet:
+    if specs is None:
+        return PortSet()
+    if isinstance(specs, (int, str)):
+        specs = [specs]
+    ports: set[int] = set()
+    for spec in specs:
+        parsed = parse_port_list(str(spec), "net_allow_bind", str(spec), allow_zero=True)
+        if parsed.any_port:
+            return parsed
+        ports.update(parsed.ports)
+    return PortSet(frozenset(ports))
+
+
+def parse_caps(names) -> int:
+    mask = 0
+    for name in names or ():
+        key = str(name).upper()
+        if not key.startswith("CAP_"):
+            key = "CAP_" + key
+        if key not in CAP_NAMES:
+            raise PolicyError(f"keep_capabilities: unknown capability {name!r}")
+        mask |= 1 << CAP_NAMES.index(key)
+    return mask
+
+
+def parse_env(env) -> tuple[tuple[str, str], ...]:
+    if env is None:
+        return ()
+    if not hasattr(env, "items"):
+        raise PolicyError(f"env: expected a mapping of names to values, got {env!r}")
+    out = []
+    for k, v in env.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            raise PolicyError(f"env: {k!r} is not a valid variable name")
+        if not isinstance(v, str) or "\0" in v:
+            raise PolicyError(f"env {k}: value must be a string without NUL, got {v!r}")
+        out.append((k, v))
+    return tuple(out)
+
+
+def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
+    """Validate the user's fields; `deny_syscalls` comes from sandlock.syscall_filter."""
+    reject_unimplemented(fields)
+    readable = _paths("fs_readable", fields.get("fs_readable"), must_exist=True)
+    writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
+    denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
+    for d in denied:
+        for g in readable + writable:
+            if g == d or g.startswith(d.rstrip("/") + "/"):
+                raise PolicyError(f"fs_denied {d} contains the granted path {g}: "
+                                  f"remove one of them")
+    cwd = fields.get("cwd")
+    if cwd is not None:
+        cwd = os.fsdecode(cwd)
+        if not os.path.isdir(cwd):
+            raise PolicyError(f"cwd: {cwd} is not a directory")
+        cwd = os.path.abspath(cwd)
+    max_open_files = fields.get("max_open_files")
+    if max_open_files is not None and (not isinstance(max_open_files, int)
+                                       or max_open_files < 1):
+        raise PolicyError(f"max_open_files: expected a positive integer, got {max_open_files!r}")
+    return Policy(
+        fs_readable=readable, fs_writable=writable, fs_denied=denied,
+        tcp_connect=parse_net_allow(fields.get("net_allow")),
+        tcp_bind=parse_bind_ports(fields.get("net_allow_bind")),
+        deny_syscalls=deny_syscalls,
+        keep_caps=parse_caps(fields.get("keep_capabilities")),
+        env=parse_env(fields.get("env")),
+        clean_env=bool(fields.get("clean_env")),
+        cwd=cwd,
+        max_open_files=max_open_files,
+        no_coredump=bool(fields.get("no_coredump")),
+        allow_degraded=bool(fields.get("allow_degraded")),
+        name=fields.get("name"),
+    )

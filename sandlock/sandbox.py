@@ -1,0 +1,457 @@
+"""The user-facing API: `Sandbox` (a dataclass of policy fields), `Process`, `confine()`.
+
+A Sandbox validates its fields when constructed or changed (errors name the field) and
+builds its kernel objects once, on first use; every run after that reuses them.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import selectors
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping, Sequence
+
+from . import confinement as _confinement
+from . import launch, syscall_filter
+from ._kernel import landlock
+from .errors import PolicyError, SandlockError
+from .policy import Policy, build_policy
+from .result import ExitReason, Result
+from .supervisor.loop import Session, supervisor
+
+_CLEAN_ENV_KEEP = (b"PATH", b"HOME", b"TERM", b"LANG", b"LC_ALL", b"TZ", b"USER", b"LOGNAME",
+                   b"SHELL")
+_DEFAULT_PATH = b"/usr/local/bin:/usr/bin:/bin"
+_DRAIN_AFTER_KILL = 2.0
+
+
+class BranchAction(enum.Enum):
+    COMMIT = "commit"
+    ABORT = "abort"
+    KEEP = "keep"
+    DEFER = "defer"
+
+
+class StdioMode(enum.Enum):
+    INHERIT = "inherit"
+    PIPED = "piped"
+    NULL = "null"
+
+
+@dataclass
+class Sandbox:
+    fs_readable: Sequence[str] | None = None
+    fs_writable: Sequence[str] | None = None
+    fs_denied: Sequence[str] | None = None
+    workdir: str | None = None
+    cwd: str | None = None
+    fs_storage: str | None = None
+    max_disk: Any = None
+    on_exit: BranchAction = BranchAction.COMMIT
+    on_error: BranchAction = BranchAction.ABORT
+    extra_deny_syscalls: Sequence[str] | None = None
+    extra_allow_syscalls: Sequence[str] | None = None
+    net_allow: Sequence[str] | None = None
+    net_deny: Sequence[str] | None = None
+    net_allow_bind: Sequence[Any] | None = None
+    net_deny_bind: Sequence[Any] | None = None
+    port_remap: Any = None
+    http_allow: Sequence[str] | None = None
+    http_deny: Sequence[str] | None = None
+    http_ports: Sequence[int] | None = None
+    http_ca: str | None = None
+    http_key: str | None = None
+    http_inject_ca: Any = None
+    http_ca_out: str | None = None
+    max_memory: Any = None
+    max_processes: int | None = None
+    max_open_files: int | None = None
+    max_cpu: int | None = None
+    cpu_cores: Any = None
+    num_cpus: int | None = None
+    random_seed: int | None = None
+    time_start: Any = None
+    no_randomize_memory: bool = False
+    no_huge_pages: bool = False
+    deterministic_dirs: bool = False
+    clean_env: bool = False
+    env: Mapping[str, str] | None = None
+    uid: int | None = None
+    gid: int | None = None
+    no_coredump: bool = False
+    allow_degraded: bool = False
+    disable: Sequence[Any] | None = None
+    keep_capabilities: Sequence[str] | None = None
+    name: str | None = None
+    policy_fn: Callable | None = None
+    init_fn: Callable | None = None
+    work_fn: Callable | None = None
+    _policy: Policy | None = field(default=None, init=False, repr=False, compare=False)
+    _conf: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self._policy = self._validate()
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, name, value)
+        if not name.startswith("_") and "_policy" in self.__dict__:
+            # A changed field: validate now (errors at the boundary), rebuild lazily.
+            object.__setattr__(self, "_conf", None)
+            object.__setattr__(self, "_policy", self._validate())
+
+    def _validate(self) -> Policy:
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        deny = syscall_filter.resolve_deny_list(self.extra_deny_syscalls,
+                                                self.extra_allow_syscalls)
+        return build_policy(values, deny)
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def _confinement(self) -> _confinement.Confinement:
+        conf = self._conf
+        if conf is None:
+            with _build_lock:
+                if self._conf is None:
+                    object.__setattr__(self, "_conf", _confinement.build(self._policy))
+                conf = self._conf
+        return conf
+
+    @property
+    def degradations(self) -> tuple[str, ...]:
+        """Protections missing on this kernel that allow_degraded accepted (empty normally)."""
+        return self._confinement().degradations
+
+    # --- running -------------------------------------------------------------------------
+
+    def popen(self, cmd: Sequence[str], stdin=StdioMode.INHERIT, stdout=StdioMode.INHERIT,
+              stderr=StdioMode.INHERIT) -> "Process":
+        """Start `cmd` confined and return at once."""
+        argv = _argv(cmd)
+        policy = self._policy
+        conf = self._confinement()
+        env = _environment(policy)
+        exe = _find_executable(argv[0], os.fsdecode(env.get(b"PATH", _DEFAULT_PATH)),
+                               policy.cwd)
+        session = Session(policy, policy.name)
+        parent_ends, child_fds, to_close = _stdio(stdin, stdout, stderr)
+        try:
+            if exe is None:
+                raise _NotFound(f"{argv[0]}: command not found")
+            spawned = launch.spawn(
+                conf, os.fsencode(exe), [os.fsencode(a) for a in argv],
+                env, policy.cwd, child_fds,
+                attach=lambda listener: supervisor().attach(listener, session))
+        except BaseException:
+            for fd in parent_ends:
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        return Process(spawned, session, parent_ends)
+
+    def run(self, cmd: Sequence[str], timeout: float | None = None, *,
+            input: bytes | None = None) -> Result:
+        """Run `cmd` to completion, capturing stdout and stderr.
+
+        `timeout` (seconds) kills the whole process group. stdin is `input`, or empty.
+        """
+        try:
+            proc = self.popen(cmd, stdin=StdioMode.PIPED if input else StdioMode.NULL,
+                              stdout=StdioMode.PIPED, stderr=StdioMode.PIPED)
+        except _NotFound as e:
+            return Result(success=False, exit_code=127, error=str(e))
+        with proc:
+            return proc.communicate(input=input, timeout=timeout)
+
+    def cmd(self, argv: Sequence[str]):
+        raise SandlockError("pipelines need the supervisor's pipeline support, which this "
+                            "version of sandlock does not implement")
+
+
+_build_lock = threading.Lock()
+
+
+class _NotFound(SandlockError):
+    pass
+
+
+def _argv(cmd) -> list[str]:
+    if isinstance(cmd, (str, bytes)):
+        raise TypeError("cmd must be a list of arguments, e.g. ['sh', '-c', 'echo hi']")
+    argv = [os.fsdecode(a) for a in cmd]
+    if not argv or not argv[0]:
+        raise PolicyError("cmd: empty command")
+    return argv
+
+
+def _environment(policy: Policy) -> dict[bytes, bytes]:
+    """The program's environment, as bytes (no per-variable decoding on the hot path)."""
+    environ = os.environb
+    if policy.clean_env:
+        env = {k: environ[k] for k in _CLEAN_ENV_KEEP if k in environ}
+        env.setdefault(b"PATH", _DEFAULT_PATH)
+    else:
+        env = dict(environ)
+    for k, v in policy.env:
+        env[os.fsencode(k)] = os.fsencode(v)
+    return env
+
+
+def _find_executable(name: str, path: str, cwd: str | None) -> str | None:
+    if "/" in name:
+        return name if os.path.isabs(name) or cwd is None else os.path.join(cwd, name)
+    return shutil.which(name, path=path)
+
+
+def _stdio(stdin, stdout, stderr):
+    """(parent ends [in, out, err], child fds [0, 1, 2], fds to close after spawn)."""
+    parent = [-1, -1, -1]
+    child = [-1, -1, -1]
+    to_close: list[int] = []
+    devnull = -1
+    for i, mode in enumerate((stdin, stdout, stderr)):
+        if isinstance(mode, int) and not isinstance(mode, bool):
+            child[i] = mode  # a caller's fd
+        elif mode == StdioMode.PIPED:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            parent[i], child[i] = (w, r) if i == 0 else (r, w)
+            to_close.append(child[i])
+        elif mode == StdioMode.NULL:
+            if devnull < 0:
+                devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                to_close.append(devnull)
+            child[i] = devnull
+        elif mode != StdioMode.INHERIT:
+            raise TypeError(f"stdio mode must be a StdioMode or an fd, got {mode!r}")
+    return parent, tuple(child), to_close
+
+
+class Process:
+    """A running sandboxed process. The sandbox is its whole process group: when the main
+    process ends, or on kill()/timeout, every process left in the group is killed too."""
+
+    def __init__(self, spawned: launch.Spawned, session: Session, parent_ends):
+        self.pid = spawned.pid
+        self._pidfd = spawned.pidfd
+        self._exec_error = spawned.exec_error
+        self._session = session
+        self._stdin_fd, self._stdout_fd, self._stderr_fd = parent_ends
+        self._status: tuple[ExitReason, int, int] | None = None
+        self._killed_by_us: ExitReason | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle --
+
+    @property
+    def is_running(self) -> bool:
+        return self._status is None and not self._exited(0)
+
+    def _exited(self, timeout: float | None) -> bool:
+        if self._pidfd < 0:
+            return True
+        p = select_poll(self._pidfd)
+        return bool(p.poll(None if timeout is None else max(0, int(timeout * 1000))))
+
+    def _signal_group(self, sig: int) -> None:
+        if self._status is None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self._killed_by_us = self._killed_by_us or ExitReason.KILLED
+        self._signal_group(signal.SIGKILL)
+
+    def pause(self) -> None:
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_group(signal.SIGCONT)
+
+    def _reap(self) -> tuple[ExitReason, int, int]:
+        """Collect the exit status. Stragglers in the group are killed while the main
+        process is still a zombie, so its pid (the group id) cannot be reused meanwhile."""
+        with self._lock:
+            if self._status is None:
+                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOWAIT)
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+                os.close(self._pidfd)
+                self._pidfd = -1
+                if info.si_code == os.CLD_EXITED:
+                    status = (ExitReason.EXITED, info.si_status, -1)
+                else:
+                    status = (ExitReason.SIGNALED, -1, info.si_status)
+                if self._killed_by_us is not None:
+                    status = (self._killed_by_us,) + status[1:]
+                self._status = status
+            return self._status
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for exit; returns the exit code (negative signal number if signalled).
+        Raises TimeoutError if `timeout` passes first (the process keeps running)."""
+        if self._status is None and not self._exited(timeout):
+            raise TimeoutError(f"sandboxed process {self.pid} still running after {timeout}s")
+        reason, code, sig = self._reap()
+        return code if sig < 0 else -sig
+
+    @property
+    def returncode(self) -> int | None:
+        if self._status is None and not self._exited(0):
+            return None
+        _, code, sig = self._reap()
+        return code if sig < 0 else -sig
+
+    def communicate(self, input: bytes | None = None, timeout: float | None = None) -> Result:
+        """Feed `input`, read stdout/stderr to the end, wait; kill the group at `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out, err = bytearray(), bytearray()
+        sel = selectors.DefaultSelector()
+        sinks = {}
+        if self._stdout_fd >= 0:
+            sel.register(self._stdout_fd, selectors.EVENT_READ)
+            sinks[self._stdout_fd] = out
+        if self._stderr_fd >= 0:
+            sel.register(self._stderr_fd, selectors.EVENT_READ)
+            sinks[self._stderr_fd] = err
+        pending = memoryview(input or b"")
+        if self._stdin_fd >= 0:
+            if pending:
+                os.set_blocking(self._stdin_fd, False)
+                sel.register(self._stdin_fd, selectors.EVENT_WRITE)
+            else:
+                self._close_stdin()
+        if self._pidfd >= 0:
+            sel.register(self._pidfd, selectors.EVENT_READ)
+        drain_deadline = None
+        try:
+            while sinks or (self._pidfd >= 0 and self._status is None):
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and self._killed_by_us is None:
+                    self._killed_by_us = ExitReason.TIMEOUT
+                    self._signal_group(signal.SIGKILL)
+                    drain_deadline = now + _DRAIN_AFTER_KILL
+                if drain_deadline is not None and now >= drain_deadline:
+                    break  # a pipe held open by something outside the group: stop reading
+                limits = [d for d in (deadline if self._killed_by_us is None else None,
+                                      drain_deadline) if d is not None]
+                wait = max(0.0, min(limits) - now) if limits else None
+                for key, _ in sel.select(wait):
+                    fd = key.fd
+                    if fd == self._pidfd:
+                        sel.unregister(fd)
+                        self._reap()
+                        if drain_deadline is None:
+                            drain_deadline = time.monotonic() + _DRAIN_AFTER_KILL
+                    elif fd == self._stdin_fd:
+                        try:
+                            n = os.write(fd, pending[:65536])
+                            pending = pending[n:]
+                        except (BrokenPipeError, BlockingIOError) as e:
+                            if isinstance(e, BrokenPipeError):
+                                pending = pending[:0]
+                        if not pending:
+                            sel.unregister(fd)
+                            self._close_stdin()
+                    else:
+                        chunk = os.read(fd, 65536)
+                        if chunk:
+                            sinks[fd] += chunk
+                        else:
+                            sel.unregister(fd)
+                            del sinks[fd]
+        finally:
+            sel.close()
+        if self._status is None:
+            self._signal_group(signal.SIGKILL)
+        reason, code, sig = self._reap()
+        return Result(success=(reason == ExitReason.EXITED and code == 0),
+                      exit_code=code, stdout=bytes(out), stderr=bytes(err),
+                      error=self._error_text(reason), reason=reason, signal=sig,
+                      denials=list(self._session.denials))
+
+    def _error_text(self, reason: ExitReason) -> str | None:
+        if self._exec_error:
+            return self._exec_error
+        if reason == ExitReason.TIMEOUT:
+            return "timed out; the sandbox's process group was killed"
+        return None
+
+    def _close_stdin(self):
+        if self._stdin_fd >= 0:
+            os.close(self._stdin_fd)
+            self._stdin_fd = -1
+
+    def close(self) -> None:
+        """Kill whatever is still running and release every fd."""
+        if self._status is None:
+            if not self._exited(0):
+                self.kill()
+            self._reap()
+        for name in ("_stdin_fd", "_stdout_fd", "_stderr_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def denials(self) -> list[dict]:
+        return list(self._session.denials)
+
+
+def select_poll(fd: int):
+    import select
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return p
+
+
+def landlock_abi_version() -> int:
+    from .features import detect
+    return detect().landlock_abi
+
+
+def confine(sandbox: Sandbox) -> None:
+    """Apply `sandbox`'s filesystem and TCP policy to the calling process, irreversibly.
+
+    Landlock confines the calling thread and the threads and processes it creates later,
+    so this refuses to run in a process that already has more than one thread.
+    """
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        raise SandlockError(f"confine() needs a single-threaded process (this one has "
+                            f"{threads} threads): call it before starting threads")
+    from ._kernel import caps
+    from .features import check, detect
+    check(sandbox.allow_degraded)
+    ruleset = _confinement._build_ruleset(sandbox.policy, detect().landlock_abi)
+    if ruleset is None:
+        return
+    try:
+        ret = caps.prctl_errno(caps.PR_SET_NO_NEW_PRIVS, 1)
+        if ret == 0:
+            ret = ruleset.restrict_self_errno()
+        if ret < 0:
+            raise SandlockError(f"confine: landlock_restrict_self failed: {os.strerror(-ret)}")
+    finally:
+        ruleset.close()

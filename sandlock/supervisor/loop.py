@@ -1,0 +1,160 @@
+"""The supervisor thread: one per Python process, serving every sandbox's listener fd.
+
+Rules enforced here:
+- Every notification received is answered exactly once. A handler's refusal (Denied)
+  returns its errno; an OSError from the operation performed on behalf of the child returns
+  that errno; any other exception denies with EPERM. Nothing is ever allowed by default.
+- The thread acts with the sandbox's capabilities: its *effective* set is switched (capset
+  is per thread) to the capabilities the sandbox keeps, so an on-behalf operation cannot
+  succeed where the child's own call would have failed for lack of privilege.
+- The thread owns each listener fd once attached, and closes it when the kernel reports
+  that no task uses the filter any more (EPOLLHUP): no fd or state outlives a sandbox.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import sys
+import threading
+import time
+
+from .._kernel import caps, seccomp
+from . import metadata
+from .request import Denied, Request
+
+
+def _dispatch_table() -> dict[int, tuple[str, object]]:
+    from ..syscall_filter import syscall_number  # names -> numbers for this architecture
+    table = {}
+    for name, handler in metadata.HANDLERS.items():
+        table[syscall_number(name)] = (name, handler)
+    return table
+
+
+class Session:
+    """The supervisor's view of one sandbox: its policy and what was denied."""
+
+    MAX_RECORDS = 1000
+
+    def __init__(self, policy, name: str | None = None):
+        self.policy = policy
+        self.name = name
+        self.denials: list[dict] = []
+        self.denied_count = 0
+        self.released = threading.Event()
+
+    def record_denial(self, req: Request, syscall: str, err: int, reason: str) -> None:
+        self.denied_count += 1
+        if len(self.denials) < self.MAX_RECORDS:
+            self.denials.append({"time": time.time(), "pid": req.pid, "syscall": syscall,
+                                 "errno": errno.errorcode.get(err, str(err)),
+                                 "reason": reason})
+
+
+class Supervisor:
+    def __init__(self):
+        self._dispatch = _dispatch_table()
+        self._epoll = select.epoll()
+        self._sessions: dict[int, Session] = {}
+        self._lock = threading.Lock()
+        base = caps.capget()
+        self._base_caps = base
+        self._privileged = base.mask("permitted") != 0
+        self._current_effective = None
+        self._thread = threading.Thread(target=self._serve, name="sandlock-supervisor",
+                                        daemon=True)
+        self._thread.start()
+
+    def attach(self, listener: int, session: Session) -> None:
+        """Take ownership of `listener` and serve it until every task using it is gone."""
+        with self._lock:
+            self._sessions[listener] = session
+        self._epoll.register(listener, select.EPOLLIN)
+
+    def _drop(self, listener: int) -> None:
+        with self._lock:
+            session = self._sessions.pop(listener, None)
+        try:
+            self._epoll.unregister(listener)
+        except OSError:
+            pass
+        os.close(listener)
+        if session is not None:
+            session.released.set()
+
+    def _serve(self) -> None:
+        notif = seccomp.Notif()
+        while True:
+            try:
+                events = self._epoll.poll()
+            except InterruptedError:
+                continue
+            for fd, ev in events:
+                with self._lock:
+                    session = self._sessions.get(fd)
+                if session is None:
+                    continue
+                if ev & select.EPOLLIN:
+                    try:
+                        seccomp.notif_recv(fd, notif)
+                    except OSError:
+                        continue  # the task died between poll and recv (ENOENT)
+                    self._answer(fd, session, notif)
+                elif ev & (select.EPOLLHUP | select.EPOLLERR):
+                    self._drop(fd)
+
+    def _act_as(self, session: Session) -> None:
+        """Give this thread the sandbox's effective capabilities (none, unless kept)."""
+        if not self._privileged:
+            return
+        want = session.policy.keep_caps & self._base_caps.mask("permitted")
+        if want != self._current_effective:
+            sets = caps.CapSets(want, self._base_caps.mask("permitted"),
+                                self._base_caps.mask("inheritable"))
+            if caps.capset_errno(sets) != 0:
+                raise Denied(errno.EPERM, "cannot drop the supervisor's capabilities")
+            self._current_effective = want
+
+    def _answer(self, listener: int, session: Session, notif: seccomp.Notif) -> None:
+        req = Request(listener, notif)
+        name, handler = self._dispatch.get(req.nr, (str(req.nr), None))
+        val, err = 0, 0
+        try:
+            if handler is None:
+                raise Denied(errno.ENOSYS, "no handler for this syscall")
+            self._act_as(session)
+            val = handler(req, session)
+        except Denied as d:
+            err = d.errno
+            session.record_denial(req, name, d.errno, d.reason)
+        except OSError as e:
+            err = e.errno or errno.EPERM  # the on-behalf operation's own result
+        except Exception as e:  # fail closed on any supervisor bug
+            err = errno.EPERM
+            session.record_denial(req, name, err, f"supervisor error: {e!r}")
+            print(f"sandlock: supervisor error in {name}: {e!r}", file=sys.stderr)
+        finally:
+            req.close()
+        try:
+            seccomp.notif_send(listener, req.id, val if not err else 0, -err)
+        except OSError:
+            pass
+
+
+_instance: Supervisor | None = None
+_instance_pid = 0
+_instance_lock = threading.Lock()
+
+
+def supervisor() -> Supervisor:
+    """The process-wide supervisor, started on first use (and anew in a forked process,
+    where the parent's thread does not exist)."""
+    global _instance, _instance_pid
+    if _instance is None or _instance_pid != os.getpid():
+        with _instance_lock:
+            if _instance is None or _instance_pid != os.getpid():
+                _instance = Supervisor()
+                _instance_pid = os.getpid()
+    return _instance

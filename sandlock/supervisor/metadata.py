@@ -1,0 +1,270 @@
+"""chmod / chown / utimes / xattr changes: allowed only on inodes under fs_writable.
+
+Landlock does not mediate metadata changes, so these syscalls are trapped. Three phases:
+parse (copy the path, name and value out of the child once), decide (the inode the path
+resolves to, seen through an O_PATH fd, must lie under fs_writable, outside fs_denied, and
+not be a device node), act (change that very inode through the fd). The kernel never
+re-reads the child's path after the decision, so rewriting it concurrently achieves nothing.
+The supervisor thread acts with the sandbox's capabilities (see loop), so the kernel's own
+ownership checks apply exactly as they would to the child.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import struct
+
+from .._kernel import fileops
+from .._kernel.fileops import AT_EMPTY_PATH, AT_SYMLINK_NOFOLLOW
+from ..fs_rules import is_beneath
+from .request import Denied, Request
+
+XATTR_NAME_MAX = 255
+XATTR_SIZE_MAX = 65536
+_UID_UNCHANGED = 0xFFFFFFFF
+
+
+def _check(fd: int, session) -> None:
+    """Decide on the inode behind `fd`; raise Denied unless it may be changed."""
+    st = os.fstat(fd)
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        raise Denied(errno.EPERM, "metadata of device nodes never changes from a sandbox")
+    path = os.readlink(f"/proc/self/fd/{fd}")
+    if not path.startswith("/") or path.endswith(" (deleted)"):
+        raise Denied(errno.EPERM, f"target has no path under fs_writable ({path})")
+    policy = session.policy
+    if any(is_beneath(path, d) for d in policy.fs_denied):
+        raise Denied(errno.EPERM, f"{path} is in fs_denied")
+    if not any(is_beneath(path, w) for w in policy.fs_writable):
+        raise Denied(errno.EPERM, f"{path} is outside fs_writable")
+
+
+def _path_target(req: Request, dirfd: int, path_arg: int, at_flags: int, follow: bool) -> int:
+    return req.open_target(dirfd, req.read_path(path_arg), at_flags, follow)
+
+
+def _run(req: Request, session, fd: int, act) -> int:
+    """Check, confirm the notification is still live, act; always close `fd`."""
+    try:
+        _check(fd, session)
+        if not req.still_valid():
+            raise Denied(errno.ESRCH, "the calling task is gone")
+        act(fd)
+        return 0
+    finally:
+        os.close(fd)
+
+
+def _uid(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return -1 if v == _UID_UNCHANGED else v
+
+
+def _at_flags(req: Request, i: int, allowed: int) -> int:
+    flags = req.arg_int(i)
+    if flags & ~allowed:
+        raise Denied(errno.EINVAL, "unknown flags")
+    return flags
+
+
+# --- chmod family --------------------------------------------------------------------------
+
+def chmod(req, session):
+    fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=True)
+    return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, req.args[1] & 0o7777))
+
+
+def fchmodat(req, session):
+    fd = _path_target(req, req.arg_int(0), 1, 0, follow=True)
+    return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, req.args[2] & 0o7777))
+
+
+def fchmodat2(req, session):
+    flags = _at_flags(req, 3, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
+    nofollow = flags & AT_SYMLINK_NOFOLLOW
+    fd = _path_target(req, req.arg_int(0), 1, flags, follow=not nofollow)
+    return _run(req, session, fd,
+                lambda t: fileops.fchmod_fd(t, req.args[2] & 0o7777, nofollow))
+
+
+def fchmod(req, session):
+    fd = req.dup_fd(req.arg_int(0))
+    return _run(req, session, fd, lambda t: os.fchmod(t, req.args[1] & 0o7777))
+
+
+# --- chown family --------------------------------------------------------------------------
+
+def _chown_path(follow):
+    def handler(req, session):
+        fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=follow)
+        return _run(req, session, fd,
+                    lambda t: fileops.fchown_fd(t, req.args[1], req.args[2]))
+    return handler
+
+
+chown = _chown_path(follow=True)
+lchown = _chown_path(follow=False)
+
+
+def fchownat(req, session):
+    flags = _at_flags(req, 4, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
+    fd = _path_target(req, req.arg_int(0), 1, flags, follow=not flags & AT_SYMLINK_NOFOLLOW)
+    return _run(req, session, fd, lambda t: fileops.fchown_fd(t, req.args[2], req.args[3]))
+
+
+def fchown(req, session):
+    fd = req.dup_fd(req.arg_int(0))
+    return _run(req, session, fd,
+                lambda t: os.fchown(t, _uid(req.args[1]), _uid(req.args[2])))
+
+
+# --- times -----------------------------------------------------------------------------------
+
+def _timespecs_from_pairs(raw: bytes, scale: int, check_frac: int | None) -> bytes:
+    a_sec, a_frac, m_sec, m_frac = struct.unpack("<qqqq", raw)
+    if check_frac is not None and not (0 <= a_frac < check_frac and 0 <= m_frac < check_frac):
+        raise Denied(errno.EINVAL, "invalid time value")
+    return struct.pack("<qqqq", a_sec, a_frac * scale, m_sec, m_frac * scale)
+
+
+def utime(req, session):
+    times = None
+    if req.args[1]:
+        a, m = struct.unpack("<qq", req.read_bytes(req.args[1], 16))
+        times = struct.pack("<qqqq", a, 0, m, 0)
+    fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=True)
+    return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
+
+
+def _timeval_times(req, i):
+    if not req.args[i]:
+        return None
+    return _timespecs_from_pairs(req.read_bytes(req.args[i], 32), 1000, 1_000_000)
+
+
+def utimes(req, session):
+    times = _timeval_times(req, 1)
+    fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=True)
+    return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
+
+
+def futimesat(req, session):
+    times = _timeval_times(req, 2)
+    if not req.args[1]:  # NULL path: acts on dirfd itself
+        fd = req.dup_fd(req.arg_int(0))
+        return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, False))
+    fd = _path_target(req, req.arg_int(0), 1, 0, follow=True)
+    return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
+
+
+def utimensat(req, session):
+    flags = _at_flags(req, 3, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
+    times = req.read_bytes(req.args[2], 32) if req.args[2] else None
+    if not req.args[1]:  # futimens(): the fd itself, EBADF for O_PATH as in the kernel
+        fd = req.dup_fd(req.arg_int(0))
+        return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, False))
+    fd = _path_target(req, req.arg_int(0), 1, flags, follow=not flags & AT_SYMLINK_NOFOLLOW)
+    return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
+
+
+# --- extended attributes ---------------------------------------------------------------------
+
+def _xattr_name(req, i) -> bytes:
+    name = req.read_path(i)
+    if not name or len(name) > XATTR_NAME_MAX:
+        raise Denied(errno.ERANGE, "bad xattr name")
+    return name
+
+
+def _xattr_value(req, addr, size) -> bytes:
+    if size > XATTR_SIZE_MAX:
+        raise Denied(errno.E2BIG, "xattr value too large")
+    return req.read_bytes(addr, size) if size else b""
+
+
+def _set_on_opath(name, value, flags):
+    def act(t):
+        if stat.S_ISLNK(os.fstat(t).st_mode):
+            raise Denied(errno.EPERM, "xattrs on symlinks")
+        os.setxattr(f"/proc/self/fd/{t}", name, value, flags)
+    return act
+
+
+def _remove_on_opath(name):
+    def act(t):
+        if stat.S_ISLNK(os.fstat(t).st_mode):
+            raise Denied(errno.EPERM, "xattrs on symlinks")
+        os.removexattr(f"/proc/self/fd/{t}", name)
+    return act
+
+
+def _setxattr_path(follow):
+    def handler(req, session):
+        name = _xattr_name(req, 1)
+        value = _xattr_value(req, req.args[2], req.args[3])
+        flags = req.arg_int(4)
+        fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=follow)
+        return _run(req, session, fd, _set_on_opath(name, value, flags))
+    return handler
+
+
+setxattr = _setxattr_path(follow=True)
+lsetxattr = _setxattr_path(follow=False)
+
+
+def fsetxattr(req, session):
+    name = _xattr_name(req, 1)
+    value = _xattr_value(req, req.args[2], req.args[3])
+    flags = req.arg_int(4)
+    fd = req.dup_fd(req.arg_int(0))
+    return _run(req, session, fd, lambda t: os.setxattr(t, name, value, flags))
+
+
+def setxattrat(req, session):
+    at_flags = _at_flags(req, 2, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
+    name = _xattr_name(req, 3)
+    if req.args[5] < 16:
+        raise Denied(errno.EINVAL, "short struct xattr_args")
+    value_ptr, size, flags = struct.unpack("<QII", req.read_bytes(req.args[4], 16))
+    value = _xattr_value(req, value_ptr, size)
+    fd = _path_target(req, req.arg_int(0), 1, at_flags,
+                      follow=not at_flags & AT_SYMLINK_NOFOLLOW)
+    return _run(req, session, fd, _set_on_opath(name, value, flags))
+
+
+def _removexattr_path(follow):
+    def handler(req, session):
+        name = _xattr_name(req, 1)
+        fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=follow)
+        return _run(req, session, fd, _remove_on_opath(name))
+    return handler
+
+
+removexattr = _removexattr_path(follow=True)
+lremovexattr = _removexattr_path(follow=False)
+
+
+def fremovexattr(req, session):
+    name = _xattr_name(req, 1)
+    fd = req.dup_fd(req.arg_int(0))
+    return _run(req, session, fd, lambda t: os.removexattr(t, name))
+
+
+def removexattrat(req, session):
+    at_flags = _at_flags(req, 2, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
+    name = _xattr_name(req, 3)
+    fd = _path_target(req, req.arg_int(0), 1, at_flags,
+                      follow=not at_flags & AT_SYMLINK_NOFOLLOW)
+    return _run(req, session, fd, _remove_on_opath(name))
+
+
+HANDLERS = {
+    "chmod": chmod, "fchmod": fchmod, "fchmodat": fchmodat, "fchmodat2": fchmodat2,
+    "chown": chown, "fchown": fchown, "lchown": lchown, "fchownat": fchownat,
+    "utime": utime, "utimes": utimes, "futimesat": futimesat, "utimensat": utimensat,
+    "setxattr": setxattr, "lsetxattr": lsetxattr, "fsetxattr": fsetxattr,
+    "setxattrat": setxattrat, "removexattr": removexattr, "lremovexattr": lremovexattr,
+    "fremovexattr": fremovexattr, "removexattrat": removexattrat,
+}

@@ -1,0 +1,113 @@
+"""One seccomp notification: its arguments, and copies of what they point to in the child.
+
+Invariant: every pointer argument is read from child memory at most once, and handlers
+decide and act only on those copies or on fds duplicated from the child, never on the
+child's memory again. `still_valid()` is checked after reading and before acting, so a pid
+reused by an unrelated process is never acted upon.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from .._kernel import memory, pidfd, seccomp
+from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD
+
+PATH_MAX = 4096
+
+
+class Denied(Exception):
+    """A handler's refusal: the syscall fails with `errno` and the event is recorded."""
+
+    def __init__(self, err: int, reason: str):
+        super().__init__(reason)
+        self.errno = err
+        self.reason = reason
+
+
+class Request:
+    __slots__ = ("listener", "id", "pid", "nr", "args", "_pidfd")
+
+    def __init__(self, listener: int, notif: seccomp.Notif):
+        self.listener = listener
+        self.id = notif.id
+        self.pid = notif.pid
+        self.nr = notif.data.nr
+        self.args = tuple(notif.data.args)
+        self._pidfd = -1
+
+    def arg_int(self, i: int) -> int:
+        """A C `int` argument (sign-extended from the low 32 bits, as the kernel reads it)."""
+        v = self.args[i] & 0xFFFFFFFF
+        return v - (1 << 32) if v & 0x80000000 else v
+
+    def read_bytes(self, addr: int, length: int) -> bytes:
+        if addr == 0:
+            raise Denied(errno.EFAULT, "NULL pointer")
+        data = memory.read_memory(self.pid, addr, length)
+        if len(data) != length:
+            raise Denied(errno.EFAULT, "argument crosses unmapped memory")
+        return data
+
+    def read_path(self, i: int) -> bytes:
+        addr = self.args[i]
+        if addr == 0:
+            raise Denied(errno.EFAULT, "NULL path")
+        try:
+            return memory.read_cstring(self.pid, addr, PATH_MAX)
+        except OSError as e:
+            raise Denied(e.errno or errno.EFAULT, "unreadable path argument") from None
+
+    def _get_pidfd(self) -> int:
+        if self._pidfd < 0:
+            try:
+                self._pidfd = pidfd.pidfd_open(self.pid)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                # A non-leader thread: ask for a thread pidfd (Linux 6.9).
+                self._pidfd = pidfd.pidfd_open(self.pid, pidfd.PIDFD_THREAD)
+        return self._pidfd
+
+    def dup_fd(self, child_fd: int) -> int:
+        """Our own duplicate of the child's fd (the caller closes it)."""
+        if child_fd < 0:
+            raise Denied(errno.EBADF, "bad file descriptor")
+        try:
+            return pidfd.pidfd_getfd(self._get_pidfd(), child_fd)
+        except OSError as e:
+            raise Denied(errno.EBADF if e.errno == errno.EBADF else e.errno,
+                         "cannot duplicate the child's fd") from None
+
+    def open_target(self, dirfd_arg: int, path: bytes, at_flags: int, follow: bool) -> int:
+        """Resolve (dirfd, path) as the child would and return an O_PATH fd on the result.
+
+        The child's root is the supervisor's root (chroot and mount namespaces are denied
+        to sandboxes), so absolute paths resolve identically.
+        """
+        oflags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+        if not path:
+            if not at_flags & AT_EMPTY_PATH:
+                raise Denied(errno.ENOENT, "empty path")
+            return self._dir_base(dirfd_arg)
+        if path.startswith(b"/"):
+            return os.open(path, oflags)
+        base = self._dir_base(dirfd_arg)
+        try:
+            return os.open(path, oflags, dir_fd=base)
+        finally:
+            os.close(base)
+
+    def _dir_base(self, dirfd_arg: int) -> int:
+        if dirfd_arg == AT_FDCWD:
+            return os.open(f"/proc/{self.pid}/cwd", os.O_PATH | os.O_CLOEXEC)
+        return self.dup_fd(dirfd_arg)
+
+    def still_valid(self) -> bool:
+        return seccomp.notif_id_valid(self.listener, self.id)
+
+    def close(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1

@@ -1,0 +1,195 @@
+"""The seccomp-bpf program: unconditional denials, plus the syscalls the supervisor owns.
+
+Compiled once per policy with pyseccomp (libseccomp) in the parent and exported as BPF
+bytes; the child loads the bytes with one syscall. Rules:
+- Syscalls from other ABIs (i386 `int 0x80`, x32) kill the process: otherwise every rule
+  below could be sidestepped by calling the same operation under another number.
+- Denied calls fail with EPERM; clone3 fails with ENOSYS so that libc falls back to clone,
+  whose flags are visible to BPF (namespace flags denied).
+- Integer arguments that the kernel reads as 32-bit (ioctl cmd, socket domain/type,
+  personality) are compared on their low 32 bits only, so garbage in the high bits cannot
+  dodge a rule.
+- The syscalls in NOTIFY_SYSCALLS reach the supervisor, which decides and acts on behalf.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import tempfile
+
+# Kernel-numbered syscalls that libseccomp 2.5.4 does not know by name (x86-64).
+_NEWER_SYSCALLS = {
+    "mount_setattr": 442, "quotactl_fd": 443, "fchmodat2": 452, "setxattrat": 463,
+    "removexattrat": 466, "open_tree_attr": 467,
+}
+
+DEFAULT_DENY = (
+    # io_uring bypasses seccomp and the supervisor entirely.
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # Reaching into other processes.
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
+    # Kernel attack surface and global state.
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog",
+    "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "uselib",
+    "iopl", "ioperm", "vhangup", "fanotify_init",
+    # Mounts, roots and namespaces.
+    "mount", "umount2", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
+    "open_tree", "open_tree_attr", "mount_setattr", "pivot_root", "chroot", "unshare", "setns",
+    # Leaving the sandbox's process group would let a process outlive the sandbox's kill.
+    "setsid", "setpgid",
+)
+
+SYSCALL_GROUPS = {
+    "sysv_ipc": ("shmget", "shmat", "shmdt", "shmctl", "semget", "semop", "semtimedop",
+                 "semctl", "msgget", "msgsnd", "msgrcv", "msgctl"),
+    "io_uring": ("io_uring_setup", "io_uring_enter", "io_uring_register"),
+    "mount": ("mount", "umount2", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
+              "open_tree", "open_tree_attr", "mount_setattr", "pivot_root", "chroot"),
+    "namespaces": ("unshare", "setns"),
+    "process_group": ("setsid", "setpgid"),
+}
+# Denied by default, and can be allowed back with extra_allow_syscalls=[group].
+DEFAULT_DENY_GROUPS = ("sysv_ipc",)
+ALLOWABLE_GROUPS = ("sysv_ipc", "process_group")
+
+# Metadata calls: Landlock does not cover them, so the supervisor lets them through only
+# for paths under fs_writable (sandlock.supervisor.metadata).
+NOTIFY_SYSCALLS = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2",
+    "chown", "fchown", "lchown", "fchownat",
+    "utime", "utimes", "futimesat", "utimensat",
+    "setxattr", "lsetxattr", "fsetxattr", "setxattrat",
+    "removexattr", "lremovexattr", "fremovexattr", "removexattrat",
+)
+
+_CLONE_NAMESPACE_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000,
+                          0x10000000, 0x20000000, 0x40000000)
+_TIOCSTI = 0x5412
+_TIOCLINUX = 0x541C
+# ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO, ADDR_COMPAT_LAYOUT, READ_IMPLIES_EXEC, ADDR_LIMIT_32BIT,
+# ADDR_LIMIT_3GB: each weakens memory-safety defences of the process and its exec'd children.
+_PERSONALITY_FLAGS = (0x0040000, 0x0100000, 0x0200000, 0x0400000, 0x0800000, 0x8000000)
+_LOW32 = 0xFFFFFFFF
+# Socket families a sandbox may create. AF_INET/AF_INET6 only as TCP (Landlock governs TCP
+# ports; UDP, raw and ICMP need the network supervisor's rules).
+_ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
+_AF_MAX = 46
+_IPPROTO_SCTP = 132
+_IPPROTO_MPTCP = 262
+
+
+def _seccomp():
+    import pyseccomp  # deferred: costs a libseccomp load, and only the compiler needs it
+    return pyseccomp
+
+
+def syscall_number(name: str) -> int:
+    """The x86-64 number of syscall `name`; ValueError if unknown."""
+    if name in _NEWER_SYSCALLS:
+        return _NEWER_SYSCALLS[name]
+    sc = _seccomp()
+    nr = sc.resolve_syscall(sc.Arch.NATIVE, name)
+    if nr < 0:
+        raise ValueError(name)
+    return nr
+
+
+def resolve_deny_list(extra_deny, extra_allow) -> frozenset[str]:
+    """Default deny list + extra_deny_syscalls (names or groups) - extra_allow_syscalls groups.
+
+    Raises PolicyError naming the unknown syscall or group.
+    """
+    from .errors import PolicyError
+    names = set(DEFAULT_DENY)
+    for group in DEFAULT_DENY_GROUPS:
+        names.update(SYSCALL_GROUPS[group])
+    for item in extra_allow or ():
+        if item not in ALLOWABLE_GROUPS:
+            raise PolicyError(f"extra_allow_syscalls: {item!r} is not an allowable group "
+                              f"(choose from {', '.join(ALLOWABLE_GROUPS)})")
+        names.difference_update(SYSCALL_GROUPS[item])
+    if isinstance(extra_deny, str):
+        raise PolicyError(f"extra_deny_syscalls: expected a list, got {extra_deny!r}")
+    for item in extra_deny or ():
+        if item in SYSCALL_GROUPS:
+            names.update(SYSCALL_GROUPS[item])
+            continue
+        if not isinstance(item, str):
+            raise PolicyError(f"extra_deny_syscalls: {item!r} is not a syscall name")
+        try:
+            syscall_number(item)
+        except ValueError:
+            raise PolicyError(f"extra_deny_syscalls: unknown syscall {item!r}") from None
+        if item in NOTIFY_SYSCALLS:
+            raise PolicyError(f"extra_deny_syscalls: {item!r} is handled by the supervisor "
+                              f"(allowed only under fs_writable) and cannot also be denied")
+        names.add(item)
+    return frozenset(names)
+
+
+_compiled: dict[tuple, bytes] = {}
+
+
+def compile_filter(deny: frozenset[str], supervised: bool = True,
+                   deny_inet: bool = False) -> bytes:
+    """The BPF program as bytes (struct sock_filter array); cached per argument set.
+
+    supervised=False (a kernel without the supervisor's features, allowed as degraded)
+    denies the metadata calls outright instead of notifying; deny_inet=True (no Landlock
+    TCP rules) denies every AF_INET/AF_INET6 socket.
+    """
+    key = (deny, supervised, deny_inet)
+    bpf = _compiled.get(key)
+    if bpf is None:
+        bpf = _compiled[key] = _compile(deny, supervised, deny_inet)
+    return bpf
+
+
+def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool) -> bytes:
+    sc = _seccomp()
+    f = sc.SyscallFilter(sc.ALLOW)
+    f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    eperm = sc.ERRNO(errno.EPERM)
+    for name in sorted(deny):
+        f.add_rule(eperm, syscall_number(name))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    for flag in _CLONE_NAMESPACE_FLAGS:
+        f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    for cmd in (_TIOCSTI, _TIOCLINUX):
+        f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
+    # personality: a dangerous flag set and bit 31 clear (bit 31 set = the 0xffffffff query).
+    for flag in _PERSONALITY_FLAGS:
+        f.add_rule(eperm, "personality", sc.Arg(0, sc.MASKED_EQ, flag | 1 << 31, flag))
+    for name in NOTIFY_SYSCALLS:
+        f.add_rule(sc.NOTIFY if supervised else eperm, syscall_number(name))
+    _add_socket_rules(f, sc, eperm, deny_inet)
+    with tempfile.TemporaryFile() as tmp:
+        f.export_bpf(tmp)
+        tmp.seek(0)
+        return tmp.read()
+
+
+def _add_socket_rules(f, sc, eperm, deny_inet: bool) -> None:
+    """socket(): only _ALLOWED_FAMILIES; AF_INET/AF_INET6 only as plain TCP.
+
+    Families are compared on the low 32 bits (the kernel's `int domain`); any value above
+    the last family number is denied outright.
+    """
+    allowed = _ALLOWED_FAMILIES
+    if deny_inet:
+        allowed = (socket.AF_UNIX, socket.AF_NETLINK)
+    for family in range(_AF_MAX):
+        if family not in allowed:
+            f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family))
+    f.add_rule(eperm, "socket", sc.Arg(0, sc.GT, _AF_MAX - 1))
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for sock_type in range(16):  # the type's low 4 bits; the rest are SOCK_* flags
+            if sock_type != socket.SOCK_STREAM:
+                f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family),
+                           sc.Arg(1, sc.MASKED_EQ, 0xF, sock_type))
+        for proto in (_IPPROTO_SCTP, _IPPROTO_MPTCP):  # stream protocols Landlock may not see
+            f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family),
+                       sc.Arg(2, sc.MASKED_EQ, _LOW32, proto))
