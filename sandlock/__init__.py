@@ -5,7 +5,7 @@
 """
 
 from .errors import KernelFeatureError, PolicyError, SandboxError, SandlockError
-from .policy import system_denied, system_readable
+from .policy import system_denied, system_devices, system_readable
 from .result import ExitReason, Result
 from .sandbox import (BranchAction, Process, Sandbox, StdioMode, confine,
                       landlock_abi_version)
@@ -14,6 +14,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Sandbox", "Process", "Result", "ExitReason", "StdioMode", "BranchAction",
-    "confine", "landlock_abi_version", "system_readable", "system_denied",
+    "confine", "landlock_abi_version", "system_readable", "system_devices", "system_denied",
     "SandlockError", "PolicyError", "KernelFeatureError", "SandboxError", "__version__",
 ]

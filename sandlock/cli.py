@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _sandbox_from_args(a):
     from .errors import PolicyError
-    from .policy import SYSTEM_DEVICES, system_denied, system_readable
+    from .policy import system_denied, system_devices, system_readable
     from .sandbox import Sandbox
     env = {}
     for item in a.env:
@@ -79,7 +79,7 @@ def _sandbox_from_args(a):
     if not a.no_system:
         readable = system_readable() + readable
         # Devices: readable and writable as files; their metadata never changes (supervisor).
-        writable = [d for d in SYSTEM_DEVICES if os.path.exists(d)] + writable
+        writable = system_devices() + writable
         denied = system_denied() + denied
     return Sandbox(
         fs_readable=readable, fs_writable=writable, fs_denied=denied,

@@ -25,6 +25,11 @@ def system_readable() -> list[str]:
     return [p for p in SYSTEM_READABLE if os.path.exists(p)]
 
 
+def system_devices() -> list[str]:
+    """Character devices every program may read and write (/dev/null and friends)."""
+    return [p for p in SYSTEM_DEVICES if os.path.exists(p)]
+
+
 def system_denied() -> list[str]:
     return sorted(p for pattern in SYSTEM_DENIED_GLOBS for p in glob.glob(pattern))
 

@@ -1,0 +1,99 @@
+"""Shared fixtures: real sandboxes, real processes, real sockets on loopback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+
+import pytest
+
+from sandlock import Sandbox, system_devices, system_readable
+
+PY = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+IS_ROOT = os.geteuid() == 0
+
+
+def sandbox(**kw) -> Sandbox:
+    """A Sandbox that can run system programs: system directories readable, the standard
+    devices (/dev/null ...) writable, as `sandlock run` grants by default."""
+    kw["fs_readable"] = system_readable() + list(kw.get("fs_readable") or [])
+    kw["fs_writable"] = system_devices() + list(kw.get("fs_writable") or [])
+    return Sandbox(**kw)
+
+
+def run_py(sb: Sandbox, code: str, *args: str, timeout: float = 30):
+    """Run a Python snippet (system python3) in `sb`."""
+    return sb.run([PY, "-c", code, *args], timeout=timeout)
+
+
+@pytest.fixture
+def secret_tree(tmp_path):
+    """A tree with a public file and a secret; world-accessible so that an unprivileged
+    run of the suite exercises Landlock rather than Unix permissions."""
+    root = tmp_path / "tree"
+    (root / "pub").mkdir(parents=True)
+    (root / "pub" / "hello.txt").write_text("hello\n")
+    (root / "secret").mkdir()
+    (root / "secret" / "key").write_text("TOPSECRET\n")
+    (root / "work").mkdir()
+    for p in [tmp_path, *root.rglob("*"), root]:
+        os.chmod(p, 0o777 if p.is_dir() else 0o666)
+    return root
+
+
+class TcpServer:
+    """A loopback TCP server that records every accepted connection."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(512)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            try:
+                conn.sendall(b"ok\n")
+            except OSError:
+                pass
+            conn.close()
+
+    def close(self):
+        self._stop = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+@pytest.fixture
+def tcp_server():
+    servers = []
+
+    def make(host="127.0.0.1", port=0):
+        s = TcpServer(host, port)
+        servers.append(s)
+        return s
+    yield make
+    for s in servers:
+        s.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
