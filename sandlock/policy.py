@@ -16,9 +16,11 @@ from ._kernel.caps import CAP_NAMES
 # What `sandlock run` grants when no -r is given: enough to run system programs.
 SYSTEM_READABLE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc")
 SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# Secrets a sandbox started as root could otherwise read (uid 0 owns them; no capability is
+# needed). Files, not directories, so that /etc itself stays listable (see fs_rules).
 SYSTEM_DENIED_GLOBS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-",
-                       "/etc/sudoers", "/etc/sudoers.d", "/etc/ssh/ssh_host_*key",
-                       "/etc/ssl/private", "/etc/security/opasswd")
+                       "/etc/sudoers", "/etc/sudoers.d/*", "/etc/ssh/ssh_host_*key",
+                       "/etc/ssl/private/*", "/etc/security/opasswd")
 
 
 def system_readable() -> list[str]:

@@ -99,11 +99,20 @@ class Sandbox:
         self._policy = self._validate()
 
     def __setattr__(self, name, value):
+        if name.startswith("_") or "_policy" not in self.__dict__:
+            object.__setattr__(self, name, value)
+            return
+        # A changed field: validate now (errors at the boundary), rebuild lazily. A rejected
+        # value leaves the sandbox exactly as it was.
+        old = getattr(self, name)
         object.__setattr__(self, name, value)
-        if not name.startswith("_") and "_policy" in self.__dict__:
-            # A changed field: validate now (errors at the boundary), rebuild lazily.
-            object.__setattr__(self, "_conf", None)
-            object.__setattr__(self, "_policy", self._validate())
+        try:
+            policy = self._validate()
+        except BaseException:
+            object.__setattr__(self, name, old)
+            raise
+        object.__setattr__(self, "_conf", None)
+        object.__setattr__(self, "_policy", policy)
 
     def _validate(self) -> Policy:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}

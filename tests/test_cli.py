@@ -1,0 +1,76 @@
+"""`sandlock run` and `sandlock check` as a user runs them."""
+
+import os
+import subprocess
+import sys
+import time
+
+from conftest import free_port
+
+SANDLOCK = [sys.executable, "-m", "sandlock"]
+
+
+def cli(*args, **kw):
+    return subprocess.run(SANDLOCK + list(args), capture_output=True, text=True, **kw)
+
+
+def test_run_propagates_exit_status_and_output():
+    r = cli("run", "--", "sh", "-c", "echo hi; exit 3")
+    assert r.returncode == 3 and r.stdout == "hi\n"
+
+
+def test_run_signal_exit_status():
+    assert cli("run", "--", "sh", "-c", "kill -TERM $$").returncode == 128 + 15
+
+
+def test_default_policy_is_read_only_system_and_denies_secrets(tmp_path):
+    target = tmp_path / "f"
+    r = cli("run", "--", "sh", "-c",
+            f"cat /etc/shadow; echo x > {target}; ls /etc | grep -c passwd; cat /etc/hostname")
+    assert not target.exists()
+    assert "/etc/shadow: Permission denied" in r.stderr
+    assert int(r.stdout.splitlines()[0]) >= 1  # /etc stays listable
+    assert r.stdout.splitlines()[1] == open("/etc/hostname").read().strip()
+    r = cli("run", "-w", str(tmp_path), "--", "sh", "-c", f"echo x > {target}")
+    assert r.returncode == 0 and target.read_text() == "x\n"
+
+
+def test_timeout_exit_124_kills_everything(tmp_path):
+    t0 = time.monotonic()
+    r = cli("run", "-t", "0.5", "--", "sh", "-c", "sleep 30 & sleep 30")
+    assert r.returncode == 124 and "timed out" in r.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_net_allow_port_and_fs_deny(tmp_path):
+    (tmp_path / "secret").write_text("s")
+    (tmp_path / "ok").write_text("o")
+    port = free_port()
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", port))
+    srv.listen(1)
+    try:
+        code = (f"import socket; s = socket.create_connection(('127.0.0.1', {port})); "
+                f"print('connected')")
+        r = cli("run", "-r", str(tmp_path), "--fs-deny", str(tmp_path / "secret"),
+                "--net-allow", f":{port}", "--", "sh", "-c",
+                f"cat {tmp_path}/ok; cat {tmp_path}/secret; python3 -c \"{code}\"")
+        assert r.stdout == "oconnected\n", r.stderr
+        assert "Permission denied" in r.stderr
+    finally:
+        srv.close()
+
+
+def test_command_not_found():
+    r = cli("run", "--", "no-such-command-xyz")
+    assert r.returncode == 127 and "command not found" in r.stderr
+
+
+def test_check_reports_features():
+    r = cli("check")
+    assert r.returncode == 0 and "landlock ABI >= 6" in r.stdout
+    r = cli("check", env=dict(os.environ, SANDLOCK_TEST_LANDLOCK_ABI="2"))
+    assert r.returncode == 1 and "missing:" in r.stdout
+    r = cli("check", "--allow-degraded", env=dict(os.environ, SANDLOCK_TEST_LANDLOCK_ABI="2"))
+    assert r.returncode == 0 and "usable with --allow-degraded" in r.stdout

@@ -1,0 +1,152 @@
+"""Process lifecycle: exit status, signals, timeouts that kill the whole tree, stdio, env,
+concurrency and resource hygiene."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from sandlock import ExitReason, Sandbox, StdioMode
+from conftest import PY, run_py, sandbox
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_exit_code_and_output():
+    r = sandbox().run(["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (r.exit_code, r.stdout, r.stderr, r.success) == (7, b"out\n", b"err\n", False)
+    assert r.reason == ExitReason.EXITED and r.signal == -1
+
+
+def test_killed_by_signal():
+    r = sandbox().run(["sh", "-c", "kill -SEGV $$"])
+    assert r.reason == ExitReason.SIGNALED and r.signal == signal.SIGSEGV and not r.success
+
+
+def test_timeout_kills_grandchildren(tmp_path):
+    sb = sandbox(fs_writable=[tmp_path])
+    pids = tmp_path / "pids"
+    t0 = time.monotonic()
+    r = sb.run(["sh", "-c", f"sleep 60 & echo $! > {pids}; (sleep 60 &) ; sleep 60"],
+               timeout=0.5)
+    assert time.monotonic() - t0 < 5
+    assert r.reason == ExitReason.TIMEOUT and not r.success and "timed out" in r.error
+    bg = int(pids.read_text())
+    time.sleep(0.1)
+    assert not pid_alive(bg)
+
+
+def test_background_process_cannot_outlive_the_sandbox(tmp_path):
+    sb = sandbox(fs_writable=[tmp_path])
+    pidfile = tmp_path / "pid"
+    code = ("import subprocess, sys; p = subprocess.Popen(['sleep', '60'], "
+            "start_new_session=False); open(sys.argv[1], 'w').write(str(p.pid))")
+    r = run_py(sb, code, str(pidfile))
+    assert r.success
+    time.sleep(0.1)
+    assert not pid_alive(int(pidfile.read_text()))
+
+
+def test_setsid_escape_is_blocked():
+    code = ("import subprocess\ntry:\n subprocess.Popen(['sleep', '60'], start_new_session=True)"
+            "\n print('escaped')\nexcept OSError as e: print('blocked', e.errno)")
+    r = run_py(sandbox(), code)
+    assert r.stdout.split()[0] == b"blocked"
+
+
+def test_env_and_clean_env(monkeypatch):
+    monkeypatch.setenv("SANDLOCK_TEST_SECRET", "hunter2")
+    r = sandbox(env={"FOO": "bar"}).run(["sh", "-c", "echo $FOO $SANDLOCK_TEST_SECRET"])
+    assert r.stdout == b"bar hunter2\n"
+    r = sandbox(env={"FOO": "bar"}, clean_env=True).run(
+        ["sh", "-c", "echo $FOO ${SANDLOCK_TEST_SECRET:-gone}; echo $PATH"])
+    lines = r.stdout.decode().splitlines()
+    assert lines[0] == "bar gone" and "/usr/bin" in lines[1]
+
+
+def test_cwd(tmp_path):
+    r = sandbox(fs_readable=[tmp_path], cwd=str(tmp_path)).run(["pwd"])
+    assert r.stdout.decode().strip() == str(tmp_path)
+
+
+def test_stdin_input_and_popen_pipes():
+    r = sandbox().run(["tr", "a-z", "A-Z"], input=b"hello")
+    assert r.stdout == b"HELLO"
+    with sandbox().popen(["sh", "-c", "read x; echo got $x"], stdin=StdioMode.PIPED,
+                         stdout=StdioMode.PIPED, stderr=StdioMode.NULL) as p:
+        res = p.communicate(input=b"line\n", timeout=10)
+    assert res.stdout == b"got line\n"
+
+
+def test_popen_wait_kill_and_pause():
+    with sandbox().popen(["sleep", "60"], stdout=StdioMode.NULL) as p:
+        assert p.is_running
+        p.pause()
+        time.sleep(0.05)
+        with open(f"/proc/{p.pid}/stat") as f:
+            assert f.read().split()[2] == "T"
+        p.resume()
+        with pytest.raises(TimeoutError):
+            p.wait(timeout=0.1)
+        p.kill()
+        assert p.wait(timeout=5) == -signal.SIGKILL
+        assert not p.is_running
+
+
+def test_command_not_found_and_exec_failure(tmp_path):
+    r = sandbox().run(["definitely-not-a-command-xyz"])
+    assert r.exit_code == 127 and "command not found" in r.error
+    script = tmp_path / "s.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    os.chmod(script, 0o755)
+    r = sandbox().run([str(script)])  # not readable/executable under the policy
+    assert r.exit_code == 126 and "execve" in r.error and r.stdout == b""
+    r = sandbox(fs_readable=[tmp_path]).run([str(script)])  # control
+    assert r.success and r.stdout == b"hi\n"
+
+
+def test_fifty_concurrent_sandboxes_from_threads():
+    sb = sandbox()
+    results = [None] * 50
+
+    def work(i):
+        results[i] = sb.run(["sh", "-c", f"echo {i}"], timeout=60)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(not t.is_alive() for t in threads)
+    for i, r in enumerate(results):
+        assert r.success and r.stdout == f"{i}\n".encode(), (i, r)
+
+
+def test_no_fd_leak_after_200_runs():
+    sb = sandbox()
+    sb.run(["true"])  # builds the kernel objects once
+    time.sleep(0.2)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(200):
+        assert sb.run(["true"]).success
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # listeners close when the kernel reports HUP
+        after = sorted(os.listdir("/proc/self/fd"))
+        if len(after) == len(before):
+            break
+        time.sleep(0.05)
+    assert len(after) == len(before), (before, after)
+
+
+def test_sandbox_fields_are_validated_on_change(tmp_path):
+    sb = Sandbox(fs_readable=["/usr"])
+    with pytest.raises(ValueError):
+        sb.fs_readable = ["/nonexistent-path-xyz"]
+    assert sb.fs_readable == ["/usr"] and sb.policy.fs_readable == ("/usr",)
