@@ -87,14 +87,17 @@ attempt("symlink_preexisting", lambda: read(prelink))
 attempt("hardlink", lambda: os.link(secret, work + "/hard"))
 attempt("rename", lambda: os.rename(secret, work + "/moved"))
 attempt("proc_root", lambda: read("/proc/self/root" + secret))
-attempt("proc_fd_cwd", lambda: read("/proc/self/cwd/../../" + secret))
+dfd = os.open(os.path.dirname(secret), os.O_PATH)  # O_PATH needs no Landlock right
+attempt("openat_opath_dir", lambda: os.open("key", os.O_RDONLY, dir_fd=dfd))
+attempt("proc_fd_path", lambda: read(f"/proc/self/fd/{dfd}/key"))
 attempt("positive", lambda: read(work + "/../pub/hello.txt"))
 print(json.dumps(res))
 """
     r = run_py(sb, code, str(secret_tree / "secret/key"), str(work),
                str(secret_tree / "pub/link-to-key"))
     res = json.loads(r.stdout)
-    for route in ("symlink_made_inside", "symlink_preexisting", "proc_root", "proc_fd_cwd"):
+    for route in ("symlink_made_inside", "symlink_preexisting", "proc_root",
+                  "openat_opath_dir", "proc_fd_path"):
         assert res[route] == ["err", 13], route
     assert res["hardlink"][0] == "err" and res["rename"][0] == "err"
     assert res["positive"] == ["ok", "hello\n"]

@@ -1,0 +1,87 @@
+"""The whole suite again, started by an unprivileged user (uid 65534): no root is needed.
+
+Runs only when the suite itself runs as root. The package, the tests and the pure-Python
+dependencies are copied to a world-readable directory (the checkout may live under a
+directory such as /root that the unprivileged user cannot enter), and the suite runs with
+the system python3 under `setpriv` with every capability dropped.
+"""
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pyseccomp  # noqa: F401  (loaded so that it is copied for the nested run)
+import pytest
+
+from conftest import IS_ROOT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _site_packages_in_use() -> set[str]:
+    """Top-level modules this very pytest process loaded from site-packages: exactly what
+    the nested run needs (pytest and its plugins, pyseccomp, ...)."""
+    names = set()
+    for name, mod in list(sys.modules.items()):
+        origin = getattr(mod, "__file__", None) or ""
+        if "site-packages" in origin and "." not in name and name not in ("sandlock",):
+            names.add(name)
+    return names
+
+pytestmark = pytest.mark.skipif(not IS_ROOT or os.environ.get("SANDLOCK_NESTED_UNPRIVILEGED"),
+                                reason="runs the suite as uid 65534; needs to start as root")
+
+
+def _copy_module(name: str, dest: str) -> None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return
+    if spec.submodule_search_locations:
+        src = list(spec.submodule_search_locations)[0]
+        shutil.copytree(src, os.path.join(dest, name), ignore=shutil.ignore_patterns(
+            "__pycache__"), dirs_exist_ok=True)
+    else:
+        shutil.copy(spec.origin, dest)
+
+
+@pytest.fixture
+def public_dir():
+    d = tempfile.mkdtemp(prefix="sandlock-unpriv-")
+    os.chmod(d, 0o755)
+    yield pathlib.Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_suite_passes_unprivileged(public_dir):
+    tmp_path = public_dir
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    setpriv = shutil.which("setpriv")
+    assert python and setpriv, "needs /usr/bin/python3 and setpriv (util-linux)"
+    work = tmp_path / "unpriv"
+    site = work / "site"
+    site.mkdir(parents=True)
+    shutil.copytree(os.path.join(ROOT, "sandlock"), work / "sandlock",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(ROOT, "tests"), work / "tests",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in _site_packages_in_use():
+        _copy_module(name, str(site))
+    for dirpath, dirnames, filenames in os.walk(tmp_path):
+        os.chmod(dirpath, 0o755)
+    (work / "tmp").mkdir()
+    os.chown(work / "tmp", 65534, 65534)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(work),
+           "PYTHONPATH": f"{work}:{site}", "SANDLOCK_NESTED_UNPRIVILEGED": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+           "--inh-caps=-all", "--bounding-set=-all", "--",
+           python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+           f"--basetemp={work}/tmp/t", "tests"]
+    r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    sys.stdout.write(r.stdout[-3000:])
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout
