@@ -150,3 +150,51 @@ def test_sandbox_fields_are_validated_on_change(tmp_path):
     with pytest.raises(ValueError):
         sb.fs_readable = ["/nonexistent-path-xyz"]
     assert sb.fs_readable == ["/usr"] and sb.policy.fs_readable == ("/usr",)
+
+
+def test_inherited_fds_do_not_reach_the_sandbox(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("leak")
+    fd = os.open(secret, os.O_RDONLY)
+    os.set_inheritable(fd, True)  # a careless parent: the fd has no O_CLOEXEC
+    try:
+        code = ("import os, sys\ntry:\n print(os.read(int(sys.argv[1]), 10))\n"
+                "except OSError as e: print(e.errno)\nprint(sorted(os.listdir('/proc/self/fd')))")
+        r = run_py(sandbox(), code, str(fd))
+        assert r.stdout.decode().splitlines() == ["9", "['0', '1', '2', '3']"]  # EBADF
+        # Control: an unconfined child does inherit it.
+        import subprocess
+        out = subprocess.run([PY, "-c", code, str(fd)], capture_output=True, close_fds=False)
+        assert out.stdout.startswith(b"b'leak'")
+    finally:
+        os.close(fd)
+
+
+def test_confine_restricts_the_calling_process(tmp_path):
+    (tmp_path / "allowed").write_text("a")
+    code = f"""
+import os, sys
+from sandlock import Sandbox, confine, landlock_abi_version, system_readable
+assert landlock_abi_version() >= 6
+confine(Sandbox(fs_readable=system_readable() + [{str(tmp_path / 'allowed')!r}]))
+print(open({str(tmp_path / 'allowed')!r}).read())
+try:
+    open("/etc/hostname" if False else {str(tmp_path)!r} + "/new", "w")
+except OSError as e:
+    print(e.errno)
+"""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.split() == ["a", "13"], r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_confine_refuses_a_threaded_process():
+    import subprocess
+    import sys
+    code = ("import threading, time\nfrom sandlock import Sandbox, confine\n"
+            "threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n"
+            "try:\n confine(Sandbox(fs_readable=['/usr']))\nexcept Exception as e: print(e)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "single-threaded" in r.stdout

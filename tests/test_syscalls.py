@@ -2,8 +2,10 @@
 
 import errno
 import json
+import os
+import shutil
 import signal
-import socket
+import subprocess
 
 import pytest
 
@@ -136,7 +138,6 @@ def test_extra_allow_sysv_ipc_group():
 def test_probe_is_meaningful_outside_the_sandbox():
     """Control: unconfined, the same probes do not fail with EPERM, so EPERM inside comes
     from the filter and not from the probe's arguments."""
-    import subprocess
     # Only probes that are harmless when they succeed unconfined.
     names = ["socket_udp", "socket_udp6", "setsid", "personality_no_aslr", "tiocsti",
              "tiocsti_high_bits", "socket_mptcp", "clone3"]
@@ -147,3 +148,18 @@ def test_probe_is_meaningful_outside_the_sandbox():
     for name in names:
         assert out[name][1] != errno.EPERM, (name, out[name])
     assert out["clone3"][1] != errno.ENOSYS
+
+
+def test_i386_int80_syscall_kills_the_process(tmp_path):
+    cc = shutil.which("cc")
+    assert cc, "a C compiler is part of the set-up (scripts/setup-system)"
+    src = tmp_path / "int80.c"
+    src.write_text('#include <stdio.h>\nint main(void){long r; __asm__ volatile("int $0x80"'
+                   ' : "=a"(r) : "a"(20L)); printf("survived %ld\\n", r); return 0;}\n')
+    exe = tmp_path / "int80"
+    subprocess.run([cc, "-O0", "-o", str(exe), str(src)], check=True)
+    os.chmod(tmp_path, 0o755)
+    r = sandbox(fs_readable=[tmp_path]).run([str(exe)])
+    assert r.stdout == b"" and r.signal == signal.SIGSYS
+    control = subprocess.run([str(exe)], capture_output=True)  # i386 getpid works unconfined
+    assert control.stdout.startswith(b"survived")

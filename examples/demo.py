@@ -1,0 +1,103 @@
+"""Sandlock demo: an "agent" runs a shell script in a sandbox; some actions are allowed,
+some are refused by the kernel, and the output explains which rule decided.
+
+Run it with `make demo` (sets everything up first) or `.venv/bin/python examples/demo.py`.
+"""
+
+import os
+import socket
+import tempfile
+import textwrap
+import threading
+
+from sandlock import Sandbox, system_denied, system_devices, system_readable
+
+
+def tcp_server():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    hits = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            hits.append(1)
+            c.sendall(b"hello from the allowed service\n")
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, hits
+
+
+def main():
+    home = tempfile.mkdtemp(prefix="sandlock-demo-")
+    project = os.path.join(home, "project")
+    ssh = os.path.join(home, ".ssh")
+    os.makedirs(project)
+    os.makedirs(ssh)
+    with open(os.path.join(project, "README.md"), "w") as f:
+        f.write("# a project the agent may work on\n")
+    with open(os.path.join(ssh, "id_ed25519"), "w") as f:
+        f.write("-----BEGIN FAKE KEY----- not really a key\n")
+    with open(os.path.join(home, "notes.txt"), "w") as f:
+        f.write("personal notes outside the project\n")
+    api, api_hits = tcp_server()
+    other, other_hits = tcp_server()
+    api_port, other_port = api.getsockname()[1], other.getsockname()[1]
+
+    policy = Sandbox(
+        fs_readable=system_readable() + [home],   # the whole home is readable...
+        fs_denied=system_denied() + [ssh],        # ...except ~/.ssh
+        fs_writable=system_devices() + [project], # only the project is writable
+        net_allow=[f":{api_port}"],               # TCP to one port only
+        clean_env=True,
+    )
+
+    script = textwrap.dedent(f"""
+        step() {{ printf '\\n$ %s\\n' "$1"; sh -c "$1" 2>&1 | sed 's/^/  /'; }}
+        step 'ls {project}'
+        step 'echo "build ok" > {project}/build.log && cat {project}/build.log'
+        step 'cat {home}/notes.txt'
+        step 'cat {ssh}/id_ed25519'
+        step 'rm {home}/notes.txt'
+        step 'chmod 777 {home}/notes.txt'
+        step 'python3 -c "import socket; print(socket.create_connection((\\"127.0.0.1\\", {api_port})).recv(64).decode().strip())"'
+        step 'python3 -c "import os, socket; e = socket.socket().connect_ex((\\"127.0.0.1\\", {other_port})); print(\\"connect:\\", os.strerror(e) if e else \\"ok\\")"'
+    """)
+    print("Sandlock demo: an agent's shell script runs under this policy:")
+    print(f"  readable : system directories + {home} (except {ssh})")
+    print(f"  writable : {project}")
+    print(f"  network  : TCP connect to port {api_port} only")
+    result = policy.run(["sh", "-c", script], timeout=30)
+    print(result.stdout.decode())
+    print("What happened, and why:")
+    explain = [
+        ("listing and writing inside the project", "allowed: the project is in fs_writable"),
+        ("reading ~/notes.txt", "allowed: the home directory is readable"),
+        ("reading ~/.ssh/id_ed25519", "refused by Landlock (EACCES): ~/.ssh is in fs_denied, "
+         "carved out of the readable home"),
+        ("rm ~/notes.txt", "refused by Landlock: the home is read-only"),
+        ("chmod ~/notes.txt", "refused by the supervisor (EPERM): Landlock does not cover "
+         "metadata, so chmod/chown/utimes/xattr are trapped and allowed only under fs_writable"),
+        (f"connect to port {api_port}", "allowed by a Landlock TCP rule (no supervisor round trip)"),
+        (f"connect to port {other_port}", "refused by Landlock (EACCES): no rule for that port"),
+    ]
+    for what, why in explain:
+        print(f"  - {what}: {why}")
+    print("\nThe supervisor's record of what it refused (Result.denials):")
+    for d in result.denials:
+        print(f"  pid {d['pid']} {d['syscall']} -> {d['errno']}: {d['reason']}")
+    assert os.path.exists(os.path.join(home, "notes.txt")), "notes.txt must survive"
+    print(f"\nThe refused side effects did not happen: ~/notes.txt is intact "
+          f"(mode {oct(os.stat(os.path.join(home, 'notes.txt')).st_mode & 0o777)}), "
+          f"the service on port {other_port} saw {len(other_hits)} connections, "
+          f"the allowed one saw {len(api_hits)}.")
+    api.close()
+    other.close()
+
+
+if __name__ == "__main__":
+    main()
