@@ -1,0 +1,118 @@
+"""Benchmark worker: times one operation per request, under whichever interpreter runs it.
+
+The harness starts one worker per peer interpreter (our venv, the upstream venv, a
+plain one) so that every comparison is interleaved in one process tree. Protocol:
+one JSON object per line on stdin, one JSON reply per line on stdout:
+
+    {"op": "api_run", "argv": ["/bin/true"], "policy": {"fs_readable": [...]}}
+    -> {"ns": 1234567, "ok": true, "err": null}
+
+Ops: api_run, subprocess_run, cli_run (needs "cli": the command prefix), bwrap_run,
+info. Only api_run imports `sandlock`, i.e. whichever one this interpreter finds.
+
+Run as `worker.py run [--no-system] [-r PATH]... -- CMD...` it is instead a minimal
+`sandlock run` for an interpreter whose sandlock has no CLI of its own (upstream's
+wheel ships only the Python API): it times like a CLI, paying interpreter start-up
+and `import sandlock` on every call.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+_sandboxes = {}
+
+
+def _sandbox(policy):
+    """One Sandbox per distinct policy, built on first use (kernel objects included)."""
+    key = json.dumps(policy, sort_keys=True)
+    if key not in _sandboxes:
+        from sandlock import Sandbox
+        _sandboxes[key] = Sandbox(**policy)
+    return _sandboxes[key]
+
+
+def _bwrap_cmd(argv, policy):
+    binds = []
+    for path in policy["fs_readable"]:
+        if os.path.islink(path):  # merged-usr: /bin -> usr/bin etc.
+            binds += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            binds += ["--ro-bind", path, path]
+    return ["bwrap", *binds, "--unshare-all", "--die-with-parent", *argv]
+
+
+def _cli_cmd(req):
+    flags = ["--no-system"]  # the API grants nothing by default: match it
+    for path in req["policy"]["fs_readable"]:
+        flags += ["-r", path]
+    return [*req["cli"], "run", *flags, "--", *req["argv"]]
+
+
+# Each op: request -> (callable to time, check of its result -> error text or None).
+def _api(req):
+    sb = _sandbox(req["policy"])
+    return (lambda: sb.run(req["argv"])), (
+        lambda r: None if r.success else f"exit {r.exit_code}: {r.error or ''} "
+                                         f"{r.stderr[-300:].decode(errors='replace')}")
+
+
+def _process(cmd):
+    def check(cp):
+        if cp.returncode != 0:
+            return f"exit {cp.returncode}: {cp.stderr[-300:].decode(errors='replace')}"
+        return None
+    return (lambda: subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True)), check
+
+
+OPS = {
+    "api_run": _api,
+    "subprocess_run": lambda req: _process(req["argv"]),
+    "cli_run": lambda req: _process(_cli_cmd(req)),
+    "bwrap_run": lambda req: _process(_bwrap_cmd(req["argv"], req["policy"])),
+}
+
+
+def handle(req):
+    if req["op"] == "info":
+        import sandlock
+        return {"ok": True, "version": sandlock.__version__, "file": sandlock.__file__,
+                "python": sys.version.split()[0]}
+    try:
+        call, check = OPS[req["op"]](req)
+        t0 = time.perf_counter_ns()
+        result = call()
+        ns = time.perf_counter_ns() - t0
+        err = check(result)
+    except Exception as e:  # reported, not fatal: the harness decides
+        return {"ns": None, "ok": False, "err": f"{type(e).__name__}: {e}"}
+    return {"ns": ns, "ok": err is None, "err": err}
+
+
+def serve():
+    for line in sys.stdin:
+        if line.strip():
+            sys.stdout.write(json.dumps(handle(json.loads(line))) + "\n")
+            sys.stdout.flush()
+
+
+def cli_run(args):
+    import argparse
+    p = argparse.ArgumentParser(prog="worker.py run")
+    p.add_argument("-r", "--fs-read", action="append", default=[])
+    p.add_argument("--no-system", action="store_true")  # the API's default anyway
+    p.add_argument("cmd", nargs="+")
+    a = p.parse_args(args)
+    from sandlock import Sandbox
+    r = Sandbox(fs_readable=a.fs_read).run(a.cmd)
+    sys.stdout.buffer.write(r.stdout)
+    sys.stderr.buffer.write(r.stderr)
+    return r.exit_code
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["run"]:
+        sys.exit(cli_run(sys.argv[2:]))
+    serve()
