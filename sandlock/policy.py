@@ -10,6 +10,8 @@ import glob
 import os
 from dataclasses import dataclass
 
+from netpolicy.endpoint import EndpointError, parse_endpoint
+
 from .errors import PolicyError
 from ._kernel.caps import CAP_NAMES
 
@@ -141,36 +143,31 @@ def parse_port_list(text: str, field: str, spec: str, allow_zero: bool = False) 
 
 
 def parse_net_allow(specs) -> PortSet:
-    """Endpoint specs whose target is any IP (`:443`, `*:80,443`, `tcp://:22`) become Landlock
-    TCP connect ports. No rules means no TCP connect at all."""
+    """Endpoint rules whose target is any address (`:443`, `*:80,443`, `tcp://:22`) become
+    Landlock TCP connect ports. No rules means no TCP connect at all. Rules naming a host or
+    an address, and udp:// / icmp:// rules, need the network supervisor (refused for now).
+    """
     if specs is None:
         return PortSet()
     if isinstance(specs, str):
         raise PolicyError(f"net_allow: expected a list of endpoint specs, got {specs!r}")
     ports: set[int] = set()
     for spec in specs:
-        if not isinstance(spec, str) or not spec:
-            raise PolicyError(f"net_allow: {spec!r} is not an endpoint spec")
-        scheme, sep, rest = spec.partition("://")
-        if not sep:
-            scheme, rest = "", spec
-        if scheme not in ("", "tcp", "udp", "icmp"):
-            raise PolicyError(f"net_allow {spec!r}: unknown scheme {scheme!r} "
-                              f"(expected tcp://, udp:// or icmp://)")
-        if scheme in ("udp", "icmp"):
-            raise PolicyError(f"net_allow {spec!r}: {scheme} rules need the network supervisor, "
-                              f"which this version of sandlock does not implement")
-        target, colon, port_text = rest.rpartition(":")
-        if not colon:
-            target, port_text = rest, "*"
-        if target not in ("", "*"):
+        try:
+            rule = parse_endpoint(spec)
+        except EndpointError as e:
+            raise PolicyError(f"net_allow {e}") from None
+        if "tcp" not in rule.protocols:
+            raise PolicyError(f"net_allow {spec!r}: {'/'.join(sorted(rule.protocols))} rules "
+                              f"need the network supervisor, which this version of sandlock "
+                              f"does not implement")
+        if not rule.any_address:
             raise PolicyError(f"net_allow {spec!r}: rules naming a host or address need the "
                               f"network supervisor, which this version of sandlock does not "
                               f"implement; use a port-only rule such as ':443'")
-        parsed = parse_port_list(port_text, "net_allow", spec)
-        if parsed.any_port:
-            return parsed
-        ports.update(parsed.ports)
+        if rule.ports is None:
+            return PortSet(any_port=True)
+        ports.update(rule.ports)
     return PortSet(frozenset(ports))
 
 

@@ -18,7 +18,7 @@ SANDLOCK = [sys.executable, "-m", "sandlock"]
     ({"extra_deny_syscalls": ["not_a_syscall"]}, "unknown syscall 'not_a_syscall'"),
     ({"extra_allow_syscalls": ["everything"]}, "'everything' is not an allowable group"),
     ({"net_allow": [":70000"]}, "port 70000 is outside 1-65535"),
-    ({"net_allow": [":http"]}, "'http' is not a port number"),
+    ({"net_allow": [":http"]}, "':http': 'http' is not a port"),
     ({"net_allow": ["*:80,*"]}, "'*' cannot be combined"),
     ({"net_allow": ["ftp://:21"]}, "unknown scheme 'ftp'"),
     ({"net_allow_bind": ["9000-8000"]}, "range 9000-8000 is empty"),

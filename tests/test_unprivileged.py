@@ -64,8 +64,9 @@ def test_suite_passes_unprivileged(public_dir):
     work = tmp_path / "unpriv"
     site = work / "site"
     site.mkdir(parents=True)
-    shutil.copytree(os.path.join(ROOT, "sandlock"), work / "sandlock",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("sandlock", "netpolicy"):
+        shutil.copytree(os.path.join(ROOT, package), work / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(os.path.join(ROOT, "tests"), work / "tests",
                     ignore=shutil.ignore_patterns("__pycache__"))
     for name in _site_packages_in_use():
