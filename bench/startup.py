@@ -44,7 +44,7 @@ PEERS = [
          "Sandbox built once per policy"),
     Peer("upstream_api", "upstream", "api_run", f"upstream sandlock {UPSTREAM_VERSION} "
          "(Rust core) `Sandbox(fs_readable=...).run(argv)`, Sandbox built once per policy"),
-    Peer("bare", "plain", "subprocess_run", "`subprocess.run(argv)`, no sandbox"),
+    Peer("bare", "plain", "subprocess_run", "`subprocess.run(argv, capture_output=True)`, no sandbox"),
     Peer("ours_cli", "plain", "cli_run", "our CLI, `sandlock run --no-system -r PATH... "
          "-- argv`, a fresh interpreter per call", {"cli": [str(OURS_CLI)]}),
     Peer("upstream_cli", "plain", "cli_run", "upstream's own `sandlock run` binary",
@@ -174,7 +174,7 @@ def plot(result, ax):
                 xs.append(j + (i - (len(peers) - 1) / 2) * width)
                 ys.append(s["median"])
         bars = ax.bar(xs, ys, width, label=peer)
-        ax.bar_label(bars, labels=[f"{y:.1f}" for y in ys], fontsize=7, rotation=90,
+        ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=7, rotation=90,
                      padding=2)
     ax.set_yscale("log")
     ax.set_xticks(range(len(wls)),
@@ -182,7 +182,8 @@ def plot(result, ax):
     ax.set_ylabel("median latency, ms (log scale)")
     ax.set_title(f"Startup: median of {result['runs']} interleaved runs")
     ax.legend(fontsize=8, ncols=2)
-    ax.margins(y=0.25)
+    top = max(s["median"] for w in wls for s in result["workloads"][w]["stats"].values())
+    ax.set_ylim(top=top * 4)  # room for the labels above the tallest bars
 
 
 def main(argv=None):

@@ -52,18 +52,22 @@ def _cli_cmd(req):
 
 
 # Each op: request -> (callable to time, check of its result -> error text or None).
+def _tail(data):
+    return data[-300:].decode(errors="replace")
+
+
 def _api(req):
     sb = _sandbox(req["policy"])
-    return (lambda: sb.run(req["argv"])), (
-        lambda r: None if r.success else f"exit {r.exit_code}: {r.error or ''} "
-                                         f"{r.stderr[-300:].decode(errors='replace')}")
+
+    def check(r):
+        return None if r.success else f"exit {r.exit_code}: {r.error or ''} {_tail(r.stderr)}"
+    return (lambda: sb.run(req["argv"])), check
 
 
 def _process(cmd):
     def check(cp):
-        if cp.returncode != 0:
-            return f"exit {cp.returncode}: {cp.stderr[-300:].decode(errors='replace')}"
-        return None
+        return None if cp.returncode == 0 else f"exit {cp.returncode}: {_tail(cp.stderr)}"
+    # Output captured, as the sandbox APIs' run() do.
     return (lambda: subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True)), check
 
 

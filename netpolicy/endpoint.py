@@ -193,3 +193,18 @@ def parse_endpoint(spec: str) -> EndpointRule:
     if scheme == "icmp" and ports is not None:
         raise EndpointError(f"{spec!r}: icmp rules take no ports")
     return EndpointRule(spec=spec, protocols=protocols, ports=ports, **fields)
+
+
+def parse_server(text: str) -> tuple[str, int]:
+    """`1.2.3.4`, `1.2.3.4:5353`, `[::1]:53` -> (address, port)."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":") or "53"
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host, port = text, "53"
+    canonical_address(host)  # raises ValueError for a non-address
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"DNS server {text!r}: bad port")
+    return host, int(port)

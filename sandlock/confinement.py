@@ -83,8 +83,14 @@ def build(policy: Policy) -> Confinement:
         limits.append((resource.RLIMIT_CORE, 0, 0))
     if policy.max_open_files is not None:
         limits.append((resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files))
+    if policy.net_supervised and not supervised and not (
+            policy.tcp_by_landlock and not policy.udp and not policy.icmp):
+        raise PolicyError("network rules naming hosts, addresses, UDP or ICMP need the "
+                          "supervisor, which this kernel cannot run (see `sandlock check`)")
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised,
-                                        deny_inet=kf.landlock_abi < 4)
+                                        deny_inet=kf.landlock_abi < 4,
+                                        net_supervised=policy.net_supervised,
+                                        udp=policy.udp, icmp=policy.icmp)
     return Confinement(
         ruleset=_build_ruleset(policy, kf.landlock_abi),
         bpf_fd=_sealed_memfd("sandlock-bpf", bpf),

@@ -10,7 +10,8 @@ import glob
 import os
 from dataclasses import dataclass
 
-from netpolicy.endpoint import EndpointError, parse_endpoint
+from netpolicy.decision import EndpointPolicy
+from netpolicy.endpoint import EndpointError, parse_server
 
 from .errors import PolicyError
 from ._kernel.caps import CAP_NAMES
@@ -47,6 +48,15 @@ class PortSet:
 
 @dataclass(frozen=True)
 class Policy:
+    endpoints: EndpointPolicy
+    unix_allow: tuple[str, ...]      # socket paths (beneath) a connect may reach; "*" = any
+    tcp_by_landlock: bool            # every TCP rule is port-only: Landlock alone decides
+    net_supervised: bool             # connect/send go through the supervisor
+    udp: bool                        # UDP sockets may be created (UDP rules or DNS)
+    icmp: bool                       # ICMP ping sockets may be created
+    dns_servers: tuple[str, ...]
+    audit_log: str | None
+    audit_allowed: bool
     fs_readable: tuple[str, ...]
     fs_writable: tuple[str, ...]
     fs_denied: tuple[str, ...]
@@ -66,8 +76,8 @@ class Policy:
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
 # error rather than a silent no-op: a policy must never look stricter than it is.
 _NOT_YET = {
-    "net_deny": "the network supervisor", "net_deny_bind": "the network supervisor",
-    "port_remap": "the network supervisor",
+    "net_deny_bind": "bind deny rules",
+    "port_remap": "port remapping",
     "http_allow": "the HTTP filter", "http_deny": "the HTTP filter",
     "http_ports": "the HTTP filter", "http_ca": "the HTTP filter", "http_key": "the HTTP filter",
     "http_inject_ca": "the HTTP filter", "http_ca_out": "the HTTP filter",
@@ -142,32 +152,28 @@ def parse_port_list(text: str, field: str, spec: str, allow_zero: bool = False) 
     return PortSet(frozenset(ports))
 
 
-def parse_net_allow(specs) -> PortSet:
-    """Endpoint rules whose target is any address (`:443`, `*:80,443`, `tcp://:22`) become
-    Landlock TCP connect ports. No rules means no TCP connect at all. Rules naming a host or
-    an address, and udp:// / icmp:// rules, need the network supervisor (refused for now).
-    """
-    if specs is None:
-        return PortSet()
-    if isinstance(specs, str):
-        raise PolicyError(f"net_allow: expected a list of endpoint specs, got {specs!r}")
+def parse_endpoints(allow, deny, allow_private) -> EndpointPolicy:
+    for field, specs in (("net_allow", allow), ("net_deny", deny)):
+        if isinstance(specs, str):
+            raise PolicyError(f"{field}: expected a list of endpoint specs, got {specs!r}")
+    try:
+        return EndpointPolicy.from_specs(allow or (), deny or (), bool(allow_private))
+    except EndpointError as e:
+        raise PolicyError(f"net_allow/net_deny {e}") from None
+    except ValueError as e:
+        raise PolicyError(str(e)) from None
+
+
+def tcp_ports(endpoints: EndpointPolicy) -> PortSet:
+    """The TCP ports any allow rule can reach: Landlock's connect rules. When every TCP rule
+    is port-only this is the whole TCP policy; otherwise it is a kernel-enforced outer bound
+    under the supervisor's per-address decisions."""
     ports: set[int] = set()
-    for spec in specs:
-        try:
-            rule = parse_endpoint(spec)
-        except EndpointError as e:
-            raise PolicyError(f"net_allow {e}") from None
-        if "tcp" not in rule.protocols:
-            raise PolicyError(f"net_allow {spec!r}: {'/'.join(sorted(rule.protocols))} rules "
-                              f"need the network supervisor, which this version of sandlock "
-                              f"does not implement")
-        if not rule.any_address:
-            raise PolicyError(f"net_allow {spec!r}: rules naming a host or address need the "
-                              f"network supervisor, which this version of sandlock does not "
-                              f"implement; use a port-only rule such as ':443'")
-        if rule.ports is None:
-            return PortSet(any_port=True)
-        ports.update(rule.ports)
+    for rule in endpoints.allow:
+        if "tcp" in rule.protocols:
+            if rule.ports is None:
+                return PortSet(any_port=True)
+            ports.update(rule.ports)
     return PortSet(frozenset(ports))
 
 
@@ -183,6 +189,23 @@ def parse_bind_ports(specs) -> PortSet:
             return parsed
         ports.update(parsed.ports)
     return PortSet(frozenset(ports))
+
+
+def _unix_grants(values) -> tuple[str, ...]:
+    if values is None:
+        return ()
+    if isinstance(values, str):
+        values = [values]
+    out = []
+    for v in values:
+        if v == "*":
+            out.append("*")
+            continue
+        p = os.fsdecode(v)
+        if not os.path.isabs(p):
+            raise PolicyError(f"net_allow_unix: {p!r} must be an absolute path (or '*')")
+        out.append(os.path.realpath(p))
+    return tuple(out)
 
 
 def parse_caps(names) -> int:
@@ -223,6 +246,19 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
             if g == d or g.startswith(d.rstrip("/") + "/"):
                 raise PolicyError(f"fs_denied {d} contains the granted path {g}: "
                                   f"remove one of them")
+    endpoints = parse_endpoints(fields.get("net_allow"), fields.get("net_deny"),
+                                fields.get("net_allow_private"))
+    unix_allow = _unix_grants(fields.get("net_allow_unix"))
+    tcp_by_landlock = not endpoints.deny and all(
+        r.any_address for r in endpoints.allow if "tcp" in r.protocols)
+    protocols = endpoints.protocols()
+    dns_servers = tuple(fields.get("dns_servers") or ())
+    for server in dns_servers:
+        try:
+            parse_server(server)
+        except ValueError:
+            raise PolicyError(f"dns_servers: {server!r} is not an address[:port]") from None
+    audit_log = fields.get("audit_log")
     cwd = fields.get("cwd")
     if cwd is not None:
         cwd = os.fsdecode(cwd)
@@ -233,9 +269,16 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     if max_open_files is not None and (not isinstance(max_open_files, int)
                                        or max_open_files < 1):
         raise PolicyError(f"max_open_files: expected a positive integer, got {max_open_files!r}")
+    udp = "udp" in protocols or bool(endpoints.hostnames)
     return Policy(
+        endpoints=endpoints, unix_allow=unix_allow, tcp_by_landlock=tcp_by_landlock,
+        net_supervised=not (tcp_by_landlock and "*" in unix_allow and not udp
+                            and "icmp" not in protocols),
+        udp=udp, icmp="icmp" in protocols, dns_servers=dns_servers,
+        audit_log=os.path.abspath(audit_log) if audit_log else None,
+        audit_allowed=bool(fields.get("audit_allowed")),
         fs_readable=readable, fs_writable=writable, fs_denied=denied,
-        tcp_connect=parse_net_allow(fields.get("net_allow")),
+        tcp_connect=tcp_ports(endpoints),
         tcp_bind=parse_bind_ports(fields.get("net_allow_bind")),
         deny_syscalls=deny_syscalls,
         keep_caps=parse_caps(fields.get("keep_capabilities")),

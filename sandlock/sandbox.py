@@ -62,6 +62,11 @@ class Sandbox:
     net_allow_bind: Sequence[Any] | None = None
     net_deny_bind: Sequence[Any] | None = None
     port_remap: Any = None
+    net_allow_unix: Sequence[str] | None = None
+    net_allow_private: bool = False
+    dns_servers: Sequence[str] | None = None
+    audit_log: str | None = None
+    audit_allowed: bool = False
     http_allow: Sequence[str] | None = None
     http_deny: Sequence[str] | None = None
     http_ports: Sequence[int] | None = None
@@ -94,6 +99,7 @@ class Sandbox:
     work_fn: Callable | None = None
     _policy: Policy | None = field(default=None, init=False, repr=False, compare=False)
     _conf: Any = field(default=None, init=False, repr=False, compare=False)
+    _net: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self._policy = self._validate()
@@ -112,6 +118,7 @@ class Sandbox:
             object.__setattr__(self, name, old)
             raise
         object.__setattr__(self, "_conf", None)
+        object.__setattr__(self, "_net", None)
         object.__setattr__(self, "_policy", policy)
 
     def _validate(self) -> Policy:
@@ -133,6 +140,32 @@ class Sandbox:
                 conf = self._conf
         return conf
 
+    def _net_state(self):
+        """The supervisor's network state for this sandbox (resolved names, pins, audit),
+        built once and shared by its runs; None when Landlock alone decides."""
+        policy = self._policy
+        if not policy.net_supervised or not self._confinement().supervised:
+            return None
+        with _build_lock:
+            if self._net is None:
+                from netpolicy.audit import AuditLog
+                from .supervisor.netstate import NetState
+                audit = AuditLog(policy.audit_log, policy.audit_allowed) if policy.audit_log \
+                    else None
+                net = NetState(policy, audit)
+                try:
+                    net.start()
+                except Exception as e:
+                    raise SandlockError(f"net_allow: {e}") from None
+                object.__setattr__(self, "_net", net)
+            return self._net
+
+    @property
+    def audit(self):
+        """The AuditLog of this sandbox (None without audit_log)."""
+        net = self._net_state()
+        return net.audit if net is not None else None
+
     @property
     def degradations(self) -> tuple[str, ...]:
         """Protections missing on this kernel that allow_degraded accepted (empty normally)."""
@@ -146,10 +179,16 @@ class Sandbox:
         argv = _argv(cmd)
         policy = self._policy
         conf = self._confinement()
+        net = self._net_state()
         env = _environment(policy)
+        if net is not None and net.dns_enabled:
+            # glibc's resolver then speaks DNS over TCP, which the supervisor hands to its
+            # own responder; UDP queries are filtered one by one.
+            opts = env.get(b"RES_OPTIONS", b"")
+            env[b"RES_OPTIONS"] = (opts + b" use-vc").strip()
         exe = _find_executable(argv[0], os.fsdecode(env.get(b"PATH", _DEFAULT_PATH)),
                                policy.cwd)
-        session = Session(policy, policy.name)
+        session = Session(policy, policy.name, net)
         parent_ends, child_fds, to_close = _stdio(stdin, stdout, stderr)
         try:
             if exe is None:

@@ -67,6 +67,8 @@ NOTIFY_SYSCALLS = (
 
 _CLONE_NAMESPACE_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000,
                           0x10000000, 0x20000000, 0x40000000)
+_CLONE_FILES = 0x00000400
+_CLONE_THREAD = 0x00010000
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
 # ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO, ADDR_COMPAT_LAYOUT, READ_IMPLIES_EXEC, ADDR_LIMIT_32BIT,
@@ -134,21 +136,25 @@ _compiled: dict[tuple, bytes] = {}
 
 
 def compile_filter(deny: frozenset[str], supervised: bool = True,
-                   deny_inet: bool = False) -> bytes:
+                   deny_inet: bool = False, net_supervised: bool = False,
+                   udp: bool = False, icmp: bool = False) -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
     denies the metadata calls outright instead of notifying; deny_inet=True (no Landlock
-    TCP rules) denies every AF_INET/AF_INET6 socket.
+    TCP rules) denies every AF_INET/AF_INET6 socket. net_supervised sends connect() and
+    every send that can carry a destination to the supervisor; udp / icmp allow creating
+    UDP and ICMP-ping sockets (their destinations are then the supervisor's to decide).
     """
-    key = (deny, supervised, deny_inet)
+    key = (deny, supervised, deny_inet, net_supervised, udp, icmp)
     bpf = _compiled.get(key)
     if bpf is None:
-        bpf = _compiled[key] = _compile(deny, supervised, deny_inet)
+        bpf = _compiled[key] = _compile(*key)
     return bpf
 
 
-def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool) -> bytes:
+def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
+             udp: bool, icmp: bool) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -165,15 +171,26 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool) -> bytes:
         f.add_rule(eperm, "personality", sc.Arg(0, sc.MASKED_EQ, flag | 1 << 31, flag))
     for name in NOTIFY_SYSCALLS:
         f.add_rule(sc.NOTIFY if supervised else eperm, syscall_number(name))
-    _add_socket_rules(f, sc, eperm, deny_inet)
+    # fd tables are shared only between threads: the supervisor relies on it (see
+    # supervisor.network) to know when the kernel's re-read of an fd cannot differ.
+    f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_FILES | _CLONE_THREAD,
+                                      _CLONE_FILES))
+    if supervised and net_supervised:
+        f.add_rule(sc.NOTIFY, "connect")
+        f.add_rule(sc.NOTIFY, "sendto", sc.Arg(4, sc.NE, 0))  # NULL address: stays in kernel
+        f.add_rule(sc.NOTIFY, "sendmsg")
+        f.add_rule(sc.NOTIFY, "sendmmsg")
+    _add_socket_rules(f, sc, eperm, deny_inet, udp and supervised and net_supervised,
+                      icmp and supervised and net_supervised)
     with tempfile.TemporaryFile() as tmp:
         f.export_bpf(tmp)
         tmp.seek(0)
         return tmp.read()
 
 
-def _add_socket_rules(f, sc, eperm, deny_inet: bool) -> None:
-    """socket(): only _ALLOWED_FAMILIES; AF_INET/AF_INET6 only as plain TCP.
+def _add_socket_rules(f, sc, eperm, deny_inet: bool, udp: bool, icmp: bool) -> None:
+    """socket(): only _ALLOWED_FAMILIES; AF_INET/AF_INET6 as TCP, and as UDP or ICMP-ping
+    datagram sockets only when the policy has such rules (never raw or packet).
 
     Families are compared on the low 32 bits (the kernel's `int domain`); any value above
     the last family number is denied outright.
@@ -185,11 +202,21 @@ def _add_socket_rules(f, sc, eperm, deny_inet: bool) -> None:
         if family not in allowed:
             f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family))
     f.add_rule(eperm, "socket", sc.Arg(0, sc.GT, _AF_MAX - 1))
-    for family in (socket.AF_INET, socket.AF_INET6):
+    for family, ping in ((socket.AF_INET, socket.IPPROTO_ICMP),
+                         (socket.AF_INET6, socket.IPPROTO_ICMPV6)):
         for sock_type in range(16):  # the type's low 4 bits; the rest are SOCK_* flags
-            if sock_type != socket.SOCK_STREAM:
-                f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family),
-                           sc.Arg(1, sc.MASKED_EQ, 0xF, sock_type))
+            if sock_type == socket.SOCK_STREAM or (sock_type == socket.SOCK_DGRAM
+                                                    and (udp or icmp)):
+                continue
+            f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family),
+                       sc.Arg(1, sc.MASKED_EQ, 0xF, sock_type))
+        if udp or icmp:  # datagram sockets: only the allowed protocols
+            allowed = ([0, socket.IPPROTO_UDP] if udp else []) + ([ping] if icmp else [])
+            for proto in (0, socket.IPPROTO_UDP, ping, socket.IPPROTO_UDPLITE):
+                if proto not in allowed:
+                    f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family),
+                               sc.Arg(1, sc.MASKED_EQ, 0xF, socket.SOCK_DGRAM),
+                               sc.Arg(2, sc.MASKED_EQ, _LOW32, proto))
         for proto in (_IPPROTO_SCTP, _IPPROTO_MPTCP):  # stream protocols Landlock may not see
             f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family),
                        sc.Arg(2, sc.MASKED_EQ, _LOW32, proto))

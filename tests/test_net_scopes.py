@@ -84,21 +84,47 @@ print(json.dumps(res))
     assert json.loads(r.stdout) == ["ok", 13]
 
 
-def test_udp_is_refused_and_nothing_is_sent():
+def _udp_receiver():
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind(("127.0.0.1", 0))
     rx.settimeout(0.3)
+    return rx
+
+
+def _received(rx):
+    try:
+        return rx.recv(100)
+    except socket.timeout:
+        return None
+    finally:
+        rx.close()
+
+
+def test_udp_without_udp_rule_cannot_even_create_a_socket():
+    rx = _udp_receiver()
     code = ("import socket, sys\ntry:\n s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
             " s.sendto(b'leak', ('127.0.0.1', int(sys.argv[1]))); print('sent')\n"
             "except OSError as e: print(e.errno)")
-    r = run_py(sandbox(net_allow=[":53"]), code, str(rx.getsockname()[1]))
-    assert r.stdout.strip() == b"1"
+    r = run_py(sandbox(net_allow=["tcp://:53"]), code, str(rx.getsockname()[1]))
+    assert r.stdout.strip() == b"1"  # EPERM from the socket() filter
+    assert _received(rx) is None
+
+
+def test_udp_rule_allows_only_its_destination():
+    allowed, other = _udp_receiver(), _udp_receiver()
+    code = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for port in sys.argv[1:]:
     try:
-        data = rx.recv(100)
-    except socket.timeout:
-        data = None
-    rx.close()
-    assert data is None
+        s.sendto(b"hello", ("127.0.0.1", int(port))); print("sent")
+    except OSError as e:
+        print(e.errno)
+"""
+    ap, op = allowed.getsockname()[1], other.getsockname()[1]
+    r = run_py(sandbox(net_allow=[f"udp://127.0.0.1:{ap}"]), code, str(ap), str(op))
+    assert r.stdout.split() == [b"sent", b"13"], r.stderr
+    assert _received(allowed) == b"hello" and _received(other) is None
 
 
 def test_signal_to_outside_process_fails():

@@ -7,7 +7,7 @@ memory afterwards without effect on a decision already taken.
 import ctypes
 import os
 
-from .syscall import NR_PROCESS_VM_READV, syscall
+from .syscall import NR_PROCESS_VM_READV, NR_PROCESS_VM_WRITEV, syscall
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -41,3 +41,14 @@ def read_cstring(pid: int, addr: int, limit: int = 4096) -> bytes:
         out += chunk
         addr += len(chunk)
     raise OSError(36, "File name too long")  # ENAMETOOLONG
+
+
+def write_memory(pid: int, addr: int, data: bytes) -> None:
+    """Write `data` at `addr` in `pid` (results the kernel would have stored, e.g. msg_len)."""
+    buf = ctypes.create_string_buffer(data, len(data))
+    local = _Iovec(ctypes.cast(buf, ctypes.c_void_p), len(data))
+    remote = _Iovec(addr, len(data))
+    n = syscall(NR_PROCESS_VM_WRITEV, ctypes.c_int(pid), ctypes.byref(local), ctypes.c_ulong(1),
+                ctypes.byref(remote), ctypes.c_ulong(1), ctypes.c_ulong(0))
+    if n != len(data):
+        raise OSError(14, "Bad address")

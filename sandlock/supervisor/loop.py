@@ -21,15 +21,17 @@ import threading
 import time
 
 from .._kernel import caps, seccomp
-from . import metadata
+from . import metadata, network
+from .network import CONTINUE, Defer
 from .request import Denied, Request
 
 
 def _dispatch_table() -> dict[int, tuple[str, object]]:
     from ..syscall_filter import syscall_number  # names -> numbers for this architecture
     table = {}
-    for name, handler in metadata.HANDLERS.items():
-        table[syscall_number(name)] = (name, handler)
+    for handlers in (metadata.HANDLERS, network.HANDLERS):
+        for name, handler in handlers.items():
+            table[syscall_number(name)] = (name, handler)
     return table
 
 
@@ -38,9 +40,10 @@ class Session:
 
     MAX_RECORDS = 1000
 
-    def __init__(self, policy, name: str | None = None):
+    def __init__(self, policy, name: str | None = None, net=None):
         self.policy = policy
         self.name = name
+        self.net = net  # NetState when the network handlers are in use
         self.denials: list[dict] = []
         self.denied_count = 0
         self.released = threading.Event()
@@ -63,6 +66,7 @@ class Supervisor:
         self._base_caps = base
         self._privileged = base.mask("permitted") != 0
         self._current_effective = None
+        self._workers = None
         self._thread = threading.Thread(target=self._serve, name="sandlock-supervisor",
                                         daemon=True)
         self._thread.start()
@@ -120,27 +124,71 @@ class Supervisor:
     def _answer(self, listener: int, session: Session, notif: seccomp.Notif) -> None:
         req = Request(listener, notif)
         name, handler = self._dispatch.get(req.nr, (str(req.nr), None))
-        val, err = 0, 0
-        try:
+
+        def run():
             if handler is None:
                 raise Denied(errno.ENOSYS, "no handler for this syscall")
             self._act_as(session)
-            val = handler(req, session)
-        except Denied as d:
-            err = d.errno
-            session.record_denial(req, name, d.errno, d.reason)
-        except OSError as e:
-            err = e.errno or errno.EPERM  # the on-behalf operation's own result
-        except Exception as e:  # fail closed on any supervisor bug
-            err = errno.EPERM
-            session.record_denial(req, name, err, f"supervisor error: {e!r}")
-            print(f"sandlock: supervisor error in {name}: {e!r}", file=sys.stderr)
-        finally:
-            req.close()
+            return handler(req, session)
+        result = self._complete(req, session, name, run)
+        if isinstance(result, Defer):
+            # A blocking on-behalf call: finish it on a worker thread, with the same rules.
+            # Worker threads keep the supervisor's full capabilities only as *permitted*:
+            # they drop the effective set first, like this thread does.
+            self._pool().submit(self._finish_deferred, req, session, name, result.fn)
+            return
+        self._send(req, result)
+
+    def _finish_deferred(self, req, session, name, fn) -> None:
+        def run():
+            self._drop_thread_caps(session)
+            return fn()
+        self._send(req, self._complete(req, session, name, run))
+
+    def _drop_thread_caps(self, session: Session) -> None:
+        if self._privileged:
+            want = session.policy.keep_caps & self._base_caps.mask("permitted")
+            sets = caps.CapSets(want, self._base_caps.mask("permitted"),
+                                self._base_caps.mask("inheritable"))
+            if caps.capset_errno(sets) != 0:
+                raise Denied(errno.EPERM, "cannot drop the worker's capabilities")
+
+    def _complete(self, req, session, name, fn):
+        """Run `fn`; map its outcome to a result: a value, CONTINUE, a Defer, or an error
+        tuple. Nothing but an explicit value or CONTINUE ever lets a call through."""
         try:
-            seccomp.notif_send(listener, req.id, val if not err else 0, -err)
+            return fn()
+        except Denied as d:
+            session.record_denial(req, name, d.errno, d.reason)
+            return ("error", d.errno)
+        except OSError as e:
+            return ("error", e.errno or errno.EPERM)  # the on-behalf operation's own result
+        except Exception as e:  # fail closed on any supervisor bug
+            session.record_denial(req, name, errno.EPERM, f"supervisor error: {e!r}")
+            print(f"sandlock: supervisor error in {name}: {e!r}", file=sys.stderr)
+            return ("error", errno.EPERM)
+
+    def _send(self, req, result) -> None:
+        req.close()
+        if result is CONTINUE:
+            val, err, flags = 0, 0, seccomp.USER_NOTIF_FLAG_CONTINUE
+        elif isinstance(result, tuple):
+            val, err, flags = 0, -result[1], 0
+        elif isinstance(result, int):
+            val, err, flags = result, 0, 0
+        else:  # a handler bug: never let an unexpected value allow anything
+            val, err, flags = 0, -errno.EPERM, 0
+        try:
+            seccomp.notif_send(req.listener, req.id, val, err, flags)
         except OSError:
             pass
+
+    def _pool(self):
+        if self._workers is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._workers = ThreadPoolExecutor(max_workers=64,
+                                               thread_name_prefix="sandlock-onbehalf")
+        return self._workers
 
 
 _instance: Supervisor | None = None

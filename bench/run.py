@@ -1,0 +1,88 @@
+"""Run the benchmarks and write bench/results/<date>.{json,md,png}.
+
+    python bench/run.py [--only NAME]... [--quick]
+
+Each benchmark is a module in bench/ with NAME, run(runs=...) -> dict, markdown(result)
+-> str and, optionally, plot(result, ax). Add one by listing it in BENCHMARKS.
+"""
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+from harness import BENCH, ensure_setup
+
+BENCHMARKS = ["startup"]  # later: connect, redis, http, cow
+RESULTS = BENCH / "results"
+
+
+def machine():
+    meminfo = dict(line.split(":", 1) for line in
+                   Path("/proc/meminfo").read_text().splitlines())
+    return {"cores": os.cpu_count(), "kernel": os.uname().release,
+            "machine": os.uname().machine, "python": platform.python_version(),
+            "mem_total_kib": int(meminfo["MemTotal"].split()[0])}
+
+
+def write_plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed in this venv: no plot "
+              "(.venv/bin/pip install matplotlib)", file=sys.stderr)
+        return False
+    plotted = [(mod, res) for mod, res in results if hasattr(mod, "plot")]
+    if not plotted:
+        return False
+    fig, axes = plt.subplots(len(plotted), 1, figsize=(10, 5.5 * len(plotted)), squeeze=False)
+    for (mod, res), ax in zip(plotted, axes[:, 0]):
+        mod.plot(res, ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Run the sandlock benchmarks.")
+    p.add_argument("--only", action="append", choices=BENCHMARKS,
+                   help="run only this benchmark (repeatable)")
+    p.add_argument("--quick", action="store_true", help="fewer runs (a smoke test)")
+    a = p.parse_args(argv)
+    ensure_setup()
+
+    started = datetime.datetime.now().astimezone()
+    results = []
+    for name in a.only or BENCHMARKS:
+        mod = importlib.import_module(name)
+        results.append((mod, mod.run(runs=30) if a.quick else mod.run()))
+
+    RESULTS.mkdir(exist_ok=True)
+    stem = RESULTS / started.strftime("%Y-%m-%d")
+    desc = machine()
+    doc = {"timestamp": started.isoformat(timespec="seconds"), "machine": desc,
+           "quick": a.quick, "benchmarks": {mod.NAME: res for mod, res in results}}
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+
+    md = [f"# sandlock benchmarks, {doc['timestamp']}", "",
+          f"Machine: {desc['cores']} cores, {desc['mem_total_kib'] / 2**20:.1f} GiB, "
+          f"Linux {desc['kernel']} ({desc['machine']}), Python {desc['python']}."
+          + (" Quick run (30 samples): indicative only." if a.quick else ""), ""]
+    plotted = write_plot(results, stem.with_suffix(".png"))
+    if plotted:
+        md += [f"![benchmark plots]({stem.name}.png)", ""]
+    md += [mod.markdown(res) for mod, res in results]
+    stem.with_suffix(".md").write_text("\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {stem}.json, .md" + (", .png" if plotted else ""), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

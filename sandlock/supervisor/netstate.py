@@ -1,0 +1,80 @@
+"""What the network handlers know about one sandbox run: its endpoint policy, unix-socket
+grants, DNS resolver and pins, and audit log."""
+
+from __future__ import annotations
+
+import threading
+
+from netpolicy.endpoint import canonical_address
+
+
+class NetState:
+    def __init__(self, policy, audit=None):
+        """`policy` is a sandlock Policy (its `endpoints`, `unix_allow`, `dns_servers`...)."""
+        self.policy = policy.endpoints
+        self.unix_allow = policy.unix_allow
+        self.tcp_by_landlock = policy.tcp_by_landlock
+        self.audit = audit
+        self.dns_enabled = bool(self.policy.hostnames)
+        self.resolver = self.pins = None
+        self.dns_servers: set = set()
+        self._stop = threading.Event()
+        if self.dns_enabled:
+            from netpolicy.dns import Pins, Resolver
+            self.resolver = Resolver(list(policy.dns_servers) or None)
+            self.pins = Pins()
+            self.dns_servers = {(canonical_address(h), p) for h, p in self.resolver.servers}
+
+    def is_dns(self, dest) -> bool:
+        """Traffic to port 53 or to a configured resolver is DNS, and handled as such."""
+        return self.dns_enabled and (dest.port == 53
+                                     or (dest.address, dest.port) in self.dns_servers)
+
+    def pin(self, name: str) -> int:
+        """Resolve `name` ourselves and remember its addresses; returns the TTL."""
+        addrs, ttl = self.resolver.resolve(name)
+        self.pins.record(name, addrs, ttl)
+        return ttl
+
+    def start(self) -> None:
+        """Resolve every exact host name now (a name that does not resolve is an error
+        that names it), then keep the answers fresh as their TTLs run out."""
+        if not self.dns_enabled:
+            return
+        names = [r.host for r in self.policy.hostnames if r.wildcard is None]
+        ttls = [self.pin(n) for n in names]
+        if names:
+            threading.Thread(target=self._refresh, args=(names, min(ttls)), daemon=True,
+                             name="sandlock-dns-refresh").start()
+
+    def _refresh(self, names, interval) -> None:
+        while not self._stop.wait(max(1.0, interval * 0.8)):
+            ttls = []
+            for n in names:
+                try:
+                    ttls.append(self.pin(n))
+                except Exception:  # keep the old pins until they expire
+                    ttls.append(interval)
+            interval = min(ttls)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def dns_proxy(self):
+        from netpolicy.dns_proxy import dns_proxy
+        return dns_proxy()
+
+    def dns_context(self, req):
+        from netpolicy.dns_proxy import DnsContext
+        pid = req.pid
+
+        def on_decision(name, allowed):
+            if self.audit is not None and (not allowed or self.audit.log_allowed):
+                from .network import _argv
+                self.audit.record(decision="allow" if allowed else "deny", pid=pid,
+                                  argv=_argv(pid), syscall="dns", protocol="dns", host=name,
+                                  rule="default:dns" if not allowed else "dns",
+                                  reason=None if allowed else
+                                  f"DNS query for {name}: no rule allows that name")
+        return DnsContext(lambda n: self.policy.name_allowed(n) is not None, self.resolver,
+                          self.pins, on_decision)
