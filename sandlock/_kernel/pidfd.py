@@ -4,9 +4,6 @@ import ctypes
 
 from .syscall import NR_PIDFD_GETFD, NR_PIDFD_OPEN, NR_PIDFD_SEND_SIGNAL, syscall
 
-PIDFD_THREAD = 0o200  # O_EXCL: a pidfd for a thread that is not a group leader (6.9)
-
-
 def pidfd_open(pid: int, flags: int = 0) -> int:
     return syscall(NR_PIDFD_OPEN, ctypes.c_int(pid), ctypes.c_uint(flags))
 

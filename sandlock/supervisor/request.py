@@ -26,6 +26,14 @@ class Denied(Exception):
         self.reason = reason
 
 
+def _thread_group(tid: int) -> int:
+    with open(f"/proc/{tid}/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Tgid:"):
+                return int(line.split()[1])
+    raise OSError(errno.ESRCH, "no such task")
+
+
 class Request:
     __slots__ = ("listener", "id", "pid", "nr", "args", "_pidfd")
 
@@ -60,14 +68,15 @@ class Request:
             raise Denied(e.errno or errno.EFAULT, "unreadable path argument") from None
 
     def _get_pidfd(self) -> int:
+        """A pidfd on the calling thread's *process*: fd tables belong to the thread group
+        (the filter refuses CLONE_FILES outside it), and pidfd_getfd wants a leader."""
         if self._pidfd < 0:
             try:
                 self._pidfd = pidfd.pidfd_open(self.pid)
             except OSError as e:
-                if e.errno != errno.EINVAL:
+                if e.errno not in (errno.EINVAL, errno.ENOENT):  # ENOENT: not a leader
                     raise
-                # A non-leader thread: ask for a thread pidfd (Linux 6.9).
-                self._pidfd = pidfd.pidfd_open(self.pid, pidfd.PIDFD_THREAD)
+                self._pidfd = pidfd.pidfd_open(_thread_group(self.pid))
         return self._pidfd
 
     def dup_fd(self, child_fd: int) -> int:

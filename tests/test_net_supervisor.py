@@ -1,0 +1,336 @@
+"""The network supervisor: address rules, every send path, unix sockets, DNS, SSRF, audit.
+
+Real servers on loopback (127.0.0.2, 127.0.0.3 ... as distinct hosts), a real DNS server,
+and each denial checked on the server side too: it never saw the connection or datagram.
+"""
+
+import json
+import os
+import socket
+import threading
+import time
+
+import dns.message  # noqa: F401  (loaded so that the unprivileged run copies dnspython)
+import pytest
+
+from conftest import PY, TcpServer, run_py, sandbox
+from dnsserver import TestDnsServer
+
+DNSPY_PATH = os.path.dirname(os.path.dirname(dns.message.__file__))
+
+CONNECT = """
+import json, socket, sys
+res = []
+for spec in sys.argv[1:]:
+    host, port = spec.rsplit(":", 1)
+    host = host.strip("[]")
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect((host, int(port))); res.append(s.recv(3).decode())
+    except OSError as e:
+        res.append(e.errno)
+    s.close()
+print(json.dumps(res))
+"""
+
+
+def connect_in(sb, *targets):
+    r = run_py(sb, CONNECT, *targets)
+    assert r.success, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def servers():
+    made = []
+
+    def make(host):
+        s = TcpServer(host)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_ip_rule_allows_only_that_address_and_port(servers):
+    ok, other_ip, other_port_srv = servers("127.0.0.2"), servers("127.0.0.3"), servers("127.0.0.2")
+    sb = sandbox(net_allow=[f"127.0.0.2:{ok.port}"])
+    res = connect_in(sb, f"127.0.0.2:{ok.port}", f"127.0.0.3:{other_ip.port}",
+                     f"127.0.0.2:{other_port_srv.port}")
+    assert res == ["ok\n", 13, 13]
+    time.sleep(0.05)
+    assert (ok.accepted, other_ip.accepted, other_port_srv.accepted) == (1, 0, 0)
+
+
+def test_address_forms_cannot_dodge_the_rule(servers):
+    s1 = servers("127.0.0.1")
+    s3 = servers("127.0.0.3")
+    v6 = servers("::1")
+    sb = sandbox(net_allow=[f"127.0.0.2:{s1.port}", f"127.0.0.2:{s3.port}", f"127.0.0.2:{v6.port}"])
+    res = connect_in(sb, f"[::1]:{v6.port}", f"[::ffff:127.0.0.3]:{s3.port}",
+                     f"127.1:{s1.port}", f"2130706433:{s1.port}")
+    assert res == [13, 13, 13, 13]
+    assert s1.accepted == s3.accepted == v6.accepted == 0
+    # Control: a rule in the short form admits exactly 127.0.0.1.
+    assert connect_in(sandbox(net_allow=[f"127.1:{s1.port}"]), f"127.0.0.1:{s1.port}") == ["ok\n"]
+
+
+def test_cidr_rule_and_deny_wins(servers):
+    a, b = servers("127.0.0.2"), servers("127.0.0.3")
+    sb = sandbox(net_allow=["127.0.0.0/24"], net_deny=["127.0.0.3"])
+    assert connect_in(sb, f"127.0.0.2:{a.port}", f"127.0.0.3:{b.port}") == ["ok\n", 13]
+    assert (a.accepted, b.accepted) == (1, 0)
+
+
+UDP_PATHS = """
+import socket, sys, json
+host, port = sys.argv[1], int(sys.argv[2])
+res = {}
+def attempt(name, fn):
+    try:
+        fn(); res[name] = "sent"
+    except OSError as e:
+        res[name] = e.errno
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+attempt("sendto", lambda: u.sendto(b"sendto", (host, port)))
+attempt("sendmsg", lambda: u.sendmsg([b"send", b"msg"], [], 0, (host, port)))
+def connect_send():
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.connect((host, port)); c.send(b"cs")
+attempt("connect_send", connect_send)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+class iovec(ctypes.Structure): _fields_ = [("b", ctypes.c_void_p), ("l", ctypes.c_size_t)]
+class msghdr(ctypes.Structure): _fields_ = [("n", ctypes.c_void_p), ("nl", ctypes.c_uint32),
+    ("iov", ctypes.POINTER(iovec)), ("iovl", ctypes.c_size_t), ("c", ctypes.c_void_p),
+    ("cl", ctypes.c_size_t), ("f", ctypes.c_int)]
+class mmsghdr(ctypes.Structure): _fields_ = [("h", msghdr), ("len", ctypes.c_uint)]
+addr = socket.inet_aton(host)
+sa = ctypes.create_string_buffer(b"\\x02\\x00" + port.to_bytes(2, "big") + addr + b"\\0" * 8, 16)
+data = ctypes.create_string_buffer(b"mmsg")
+iov = iovec(ctypes.cast(data, ctypes.c_void_p), 4)
+msgs = (mmsghdr * 2)()
+for m in msgs:
+    m.h.n, m.h.nl, m.h.iov, m.h.iovl = ctypes.cast(sa, ctypes.c_void_p), 16, ctypes.pointer(iov), 1
+n = libc.sendmmsg(u.fileno(), msgs, 2, 0)
+res["sendmmsg"] = "sent %d %d" % (n, msgs[0].len) if n >= 0 else ctypes.get_errno()
+print(json.dumps(res))
+"""
+
+
+def _udp_rx(host):
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind((host, 0))
+    rx.settimeout(0.3)
+    return rx
+
+
+def _drain(rx):
+    got = []
+    while True:
+        try:
+            got.append(rx.recv(100))
+        except socket.timeout:
+            return got
+
+
+def test_every_udp_send_path_is_checked():
+    allowed, denied = _udp_rx("127.0.0.2"), _udp_rx("127.0.0.3")
+    ap, dp = allowed.getsockname()[1], denied.getsockname()[1]
+    sb = sandbox(net_allow=[f"udp://127.0.0.2:{ap}"])
+    res = json.loads(run_py(sb, UDP_PATHS, "127.0.0.3", str(dp)).stdout)
+    assert res == {"sendto": 13, "sendmsg": 13, "connect_send": 13, "sendmmsg": 13}
+    assert _drain(denied) == []
+    res = json.loads(run_py(sb, UDP_PATHS, "127.0.0.2", str(ap)).stdout)  # control
+    assert res == {"sendto": "sent", "sendmsg": "sent", "connect_send": "sent",
+                   "sendmmsg": "sent 2 4"}
+    assert sorted(_drain(allowed)) == sorted([b"sendto", b"sendmsg", b"cs", b"mmsg", b"mmsg"])
+    allowed.close()
+    denied.close()
+
+
+def test_tcp_fast_open_is_a_checked_connect(servers):
+    srv = servers("127.0.0.3")
+    code = ("import socket, sys\ns = socket.socket()\ntry:\n"
+            " s.sendto(b'GET /', 0x20000000, ('127.0.0.3', int(sys.argv[1]))); print('sent')\n"
+            "except OSError as e: print(e.errno)")
+    r = run_py(sandbox(net_allow=["127.0.0.2"]), code, str(srv.port))
+    assert r.stdout.strip() == b"13"
+    time.sleep(0.05)
+    assert srv.accepted == 0
+
+
+def test_pathname_unix_socket_needs_a_grant(tmp_path):
+    path = tmp_path / "svc.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(4)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(path, 0o777)
+    accepted = []
+
+    def accept():
+        srv.settimeout(3)
+        try:
+            while True:
+                c, _ = srv.accept()
+                accepted.append(c)
+        except OSError:
+            pass
+    t = threading.Thread(target=accept)
+    t.start()
+    code = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+            " s.connect(sys.argv[1]); print('connected')\nexcept OSError as e: print(e.errno)")
+    r = run_py(sandbox(fs_readable=[tmp_path]), code, str(path))
+    assert r.stdout.strip() == b"13"
+    time.sleep(0.1)
+    assert accepted == []
+    r = run_py(sandbox(net_allow_unix=[str(tmp_path)]), code, str(path))  # control
+    assert r.stdout.strip() == b"connected"
+    t.join()
+    srv.close()
+    assert len(accepted) == 1
+
+
+@pytest.fixture
+def dns_server():
+    srv = TestDnsServer({"api.sandlock.test": ["127.0.0.2"],
+                         "secret-data.exfil.test": ["127.0.0.9"],
+                         "internal.sandlock.test": ["127.0.0.4"],
+                         "public.sandlock.test": ["203.0.113.7"]})
+    yield srv
+    srv.close()
+
+
+RESOLVE = """
+import socket, sys, json
+out = {}
+for name in sys.argv[1:]:
+    try:
+        out[name] = sorted({ai[4][0] for ai in socket.getaddrinfo(name, 80, socket.AF_INET)})
+    except OSError as e:
+        out[name] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_glibc_lookups_resolve_allowed_names_and_leak_nothing(dns_server, servers):
+    srv = servers("127.0.0.2")
+    sb = sandbox(net_allow=[f"api.sandlock.test:{srv.port}"], dns_servers=[dns_server.address],
+                 net_allow_private=True)
+    r = run_py(sb, RESOLVE, "api.sandlock.test", "secret-data.exfil.test")
+    out = json.loads(r.stdout)
+    assert out["api.sandlock.test"] == ["127.0.0.2"]
+    assert isinstance(out["secret-data.exfil.test"], str)  # a resolution error
+    assert not dns_server.saw("secret-data.exfil.test")
+    # ... and the name's address is then reachable by name.
+    code = (f"import socket; s = socket.create_connection(('api.sandlock.test', {srv.port}));"
+            f"print(s.recv(3).decode())")
+    assert run_py(sb, code).stdout == b"ok\n\n"
+
+
+def test_curl_resolves_through_the_sandbox(dns_server, servers):
+    srv = servers("127.0.0.2")
+    sb = sandbox(net_allow=[f"api.sandlock.test:{srv.port}"], dns_servers=[dns_server.address],
+                 net_allow_private=True)
+    r = sb.run(["curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{remote_ip}",
+                f"http://api.sandlock.test:{srv.port}/"])
+    assert r.stdout == b"127.0.0.2"
+    r = sb.run(["curl", "-s", "-m", "5", "http://secret-data.exfil.test/"])
+    assert r.exit_code == 6  # couldn't resolve host
+    assert not dns_server.saw("secret-data.exfil.test")
+
+
+def test_dnspython_in_the_sandbox(dns_server):
+    code = f"""
+import sys, json
+sys.path.insert(0, {DNSPY_PATH!r})
+import dns.resolver
+r = dns.resolver.Resolver(configure=False)
+r.nameservers = ["{dns_server.address.split(':')[0]}"]
+r.port = {dns_server.port}
+r.lifetime = 3
+out = {{}}
+for name in sys.argv[1:]:
+    try:
+        out[name] = [a.address for a in r.resolve(name, "A")]
+    except Exception as e:
+        out[name] = type(e).__name__
+print(json.dumps(out))
+"""
+    sb = sandbox(fs_readable=[DNSPY_PATH], net_allow=["api.sandlock.test:443"],
+                 dns_servers=[dns_server.address], net_allow_private=True)
+    out = json.loads(run_py(sb, code, "api.sandlock.test", "secret-data.exfil.test").stdout)
+    assert out["api.sandlock.test"] == ["127.0.0.2"]
+    assert out["secret-data.exfil.test"] != ["127.0.0.9"]
+    assert not dns_server.saw("secret-data.exfil.test")
+
+
+def test_hostname_resolving_to_private_address_needs_opt_in(dns_server, servers):
+    srv = servers("127.0.0.4")
+    rule = [f"internal.sandlock.test:{srv.port}"]
+    sb = sandbox(net_allow=rule, dns_servers=[dns_server.address])
+    assert connect_in(sb, f"127.0.0.4:{srv.port}") == [13]
+    assert srv.accepted == 0
+    sb = sandbox(net_allow=rule, dns_servers=[dns_server.address], net_allow_private=True)
+    assert connect_in(sb, f"127.0.0.4:{srv.port}") == ["ok\n"]
+    assert srv.accepted == 1
+
+
+def test_unresolvable_host_is_a_clear_error(dns_server):
+    from sandlock import SandlockError
+    sb = sandbox(net_allow=["nowhere.sandlock.test:443"], dns_servers=[dns_server.address])
+    with pytest.raises(SandlockError, match="nowhere.sandlock.test does not resolve"):
+        sb.run(["true"])
+
+
+def test_audit_records_each_denial(tmp_path, servers):
+    ok, bad = servers("127.0.0.2"), servers("127.0.0.3")
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(net_allow=[f"127.0.0.2:{ok.port}"], audit_log=str(log), name="audited")
+    res = connect_in(sb, f"127.0.0.3:{bad.port}", f"127.0.0.2:{ok.port}",
+                     f"127.0.0.3:{bad.port}")
+    assert res == [13, "ok\n", 13]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 2
+    for rec in records:
+        assert rec["decision"] == "deny" and rec["sandbox"] == "audited"
+        assert rec["syscall"] == "connect" and rec["protocol"] == "tcp"
+        assert rec["address"] == "127.0.0.3" and rec["port"] == bad.port
+        assert rec["rule"] == "default:deny" and rec["errno"] == "EACCES"
+        assert rec["argv"][0].endswith("python3") and isinstance(rec["pid"], int)
+        assert "no rule allows tcp 127.0.0.3" in rec["reason"]
+
+
+def test_many_sandboxes_many_connects(servers):
+    ok, bad = servers("127.0.0.2"), servers("127.0.0.3")
+    code = """
+import socket, sys
+ok = bad = 0
+for i in range(500):
+    target = ("127.0.0.2", int(sys.argv[1])) if i % 2 == 0 else ("127.0.0.3", int(sys.argv[2]))
+    s = socket.socket()
+    try:
+        s.connect(target); ok += 1
+    except PermissionError:
+        bad += 1
+    s.close()
+print(ok, bad)
+"""
+    sb = sandbox(net_allow=[f"127.0.0.2:{ok.port}"])
+    results = [None] * 20
+
+    def work(i):
+        results[i] = run_py(sb, code, str(ok.port), str(bad.port), timeout=300)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(not t.is_alive() for t in threads)
+    for r in results:
+        assert r.stdout.split() == [b"250", b"250"], (r.stdout, r.stderr[-500:])
+    time.sleep(0.2)
+    assert ok.accepted == 20 * 250 and bad.accepted == 0
