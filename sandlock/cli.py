@@ -17,6 +17,8 @@ EXIT_SANDLOCK = 125
 
 
 def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", metavar="FILE.yaml",
+                   help="a YAML policy (version 1); the flags below add to it")
     p.add_argument("-r", "--fs-read", action="append", default=[], metavar="PATH",
                    help="grant read (and execute) access beneath PATH")
     p.add_argument("-w", "--fs-write", action="append", default=[], metavar="PATH",
@@ -26,8 +28,20 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-system", action="store_true",
                    help="do not grant the default read-only system directories "
                         "(/usr /bin /lib /etc /opt /proc ...) and standard devices")
-    p.add_argument("--net-allow", action="append", default=[], metavar="SPEC",
-                   help="allow TCP connect, port-only form: ':443', ':80,443', '*:8000-8010'")
+    p.add_argument("--net-allow", "--allow", action="append", default=[], metavar="SPEC",
+                   help="allow a destination: ':443', 'api.example.com:443', "
+                        "'*.example.com', '10.0.0.0/8:5432', 'udp://1.1.1.1:53'")
+    p.add_argument("--net-deny", "--deny", action="append", default=[], metavar="SPEC",
+                   help="deny an address or CIDR even if an allow rule matches")
+    p.add_argument("--net-allow-unix", action="append", default=[], metavar="PATH",
+                   help="allow connecting to unix sockets beneath PATH ('*' for any)")
+    p.add_argument("--net-allow-private", action="store_true",
+                   help="let host rules reach private/loopback addresses they resolve to")
+    p.add_argument("--dns-server", action="append", default=[], metavar="ADDR[:PORT]",
+                   help="resolver for host rules (default: the system's)")
+    p.add_argument("--audit", metavar="FILE", help="append JSON Lines audit records here")
+    p.add_argument("--audit-allowed", action="store_true",
+                   help="record allowed network events too")
     p.add_argument("--net-allow-bind", action="append", default=[], metavar="PORTS",
                    help="allow TCP bind on PORTS ('8080', '8000-8010', '0' for ephemeral)")
     p.add_argument("--extra-deny-syscall", action="append", default=[], metavar="NAME",
@@ -57,37 +71,81 @@ def _parser() -> argparse.ArgumentParser:
                          usage="sandlock run [options] -- COMMAND [ARG...]")
     _add_run_policy_args(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    net = sub.add_parser(
+        "net-run", help="run an agent tool under a network policy",
+        usage="sandlock net-run [--policy F] [--allow SPEC] [--deny SPEC] [--audit FILE] "
+              "[options] -- COMMAND [ARG...]",
+        description="System directories read-only, the working directory writable, "
+                    "credentials (~/.ssh, ~/.aws, ~/.config/gcloud, ~/.netrc, ...) denied, "
+                    "network as the policy says, every denial in the audit log.")
+    _add_run_policy_args(net)
+    net.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    pol = sub.add_parser("policy", help="policy files")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+    pol_check = pol_sub.add_parser("check", help="validate a policy and print its rules")
+    pol_check.add_argument("file")
+    audit = sub.add_parser("audit", help="summarise an audit log")
+    audit.add_argument("file")
+    audit.add_argument("--top", type=int, default=10)
     check = sub.add_parser("check", help="report what this kernel supports")
     check.add_argument("--allow-degraded", action="store_true",
                        help="succeed when Landlock is present even if features are missing")
     return parser
 
 
-def _sandbox_from_args(a):
+NET_RUN_SECRETS = ("~/.ssh", "~/.aws", "~/.config/gcloud", "~/.netrc", "~/.gnupg",
+                   "~/.docker", "~/.kube", "~/.config/gh", "~/.git-credentials", "~/.pypirc")
+
+
+def _flag_fields(a) -> dict:
     from .errors import PolicyError
-    from .policy import system_denied, system_devices, system_readable
-    from .sandbox import Sandbox
     env = {}
     for item in a.env:
         k, sep, v = item.partition("=")
         if not sep:
             raise PolicyError(f"--env {item!r}: expected NAME=VALUE")
         env[k] = v
-    readable = list(a.fs_read)
-    writable = list(a.fs_write)
-    denied = list(a.fs_deny)
-    if not a.no_system:
-        readable = system_readable() + readable
-        # Devices: readable and writable as files; their metadata never changes (supervisor).
-        writable = system_devices() + writable
-        denied = system_denied() + denied
-    return Sandbox(
-        fs_readable=readable, fs_writable=writable, fs_denied=denied,
-        net_allow=a.net_allow or None, net_allow_bind=a.net_allow_bind or None,
-        extra_deny_syscalls=a.extra_deny_syscall or None,
-        extra_allow_syscalls=a.extra_allow_syscall or None,
-        keep_capabilities=a.keep_cap or None, env=env or None, clean_env=a.clean_env,
-        cwd=a.cwd, no_coredump=a.no_coredump, name=a.name, allow_degraded=a.allow_degraded)
+    return {
+        "fs_readable": a.fs_read, "fs_writable": a.fs_write, "fs_denied": a.fs_deny,
+        "net_allow": a.net_allow, "net_deny": a.net_deny, "net_allow_bind": a.net_allow_bind,
+        "net_allow_unix": a.net_allow_unix, "dns_servers": a.dns_server,
+        "net_allow_private": a.net_allow_private or None,
+        "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,
+        "extra_deny_syscalls": a.extra_deny_syscall,
+        "extra_allow_syscalls": a.extra_allow_syscall,
+        "keep_capabilities": a.keep_cap or None, "env": env or None,
+        "clean_env": a.clean_env or None, "cwd": a.cwd, "no_coredump": a.no_coredump or None,
+        "name": a.name, "allow_degraded": a.allow_degraded or None,
+    }
+
+
+def _sandbox_from_args(a, net_run: bool = False):
+    """Policy file (if any) + flags; `run` and `net-run` differ only in their defaults."""
+    from .policy_file import load_policy, merge_fields, system_fields
+    from .sandbox import Sandbox
+    fields, system, timeout = {}, not a.no_system, a.timeout
+    if a.policy:
+        loaded = load_policy(a.policy)
+        fields, system = loaded.fields, system and loaded.system
+        timeout = timeout if timeout is not None else loaded.timeout
+    base = system_fields() if system else {}
+    if net_run:
+        home = os.path.expanduser("~")
+        base = merge_fields(base, {
+            "fs_writable": [os.getcwd()],
+            "fs_denied": [os.path.expanduser(p) for p in NET_RUN_SECRETS
+                          if os.path.expanduser(p) != home]})
+        if not (a.audit or fields.get("audit_log")):
+            fields = merge_fields(fields, {"audit_log": _default_audit_path()})
+    merged = merge_fields(merge_fields(base, fields), _flag_fields(a))
+    return Sandbox(**merged), timeout
+
+
+def _default_audit_path() -> str:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    directory = os.path.join(state, "sandlock")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return os.path.join(directory, "net-run-audit.jsonl")
 
 
 class _Foreground:
@@ -122,7 +180,7 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM ends the sandbox like Ctrl-C does
 
 
-def _run(a) -> int:
+def _run(a, net_run: bool = False) -> int:
     from .errors import SandlockError
     from .sandbox import StdioMode
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
@@ -131,7 +189,7 @@ def _run(a) -> int:
               file=sys.stderr)
         return EXIT_SANDLOCK
     try:
-        sb = _sandbox_from_args(a)
+        sb, timeout = _sandbox_from_args(a, net_run)
         for lost in sb.degradations:
             print(f"sandlock: warning: degraded: {lost}", file=sys.stderr)
         proc = sb.popen(cmd, StdioMode.INHERIT, StdioMode.INHERIT, StdioMode.INHERIT)
@@ -147,21 +205,76 @@ def _run(a) -> int:
     fg = _Foreground(proc.pid)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        code = proc.wait(timeout=a.timeout)
+        code = proc.wait(timeout=timeout)
     except TimeoutError:
         proc.kill()
         proc.wait()
-        print(f"sandlock: timed out after {a.timeout:g}s; the sandbox was killed",
+        print(f"sandlock: timed out after {timeout:g}s; the sandbox was killed",
               file=sys.stderr)
-        return EXIT_TIMEOUT
+        code = -1000
     except KeyboardInterrupt:
         proc.kill()
         proc.wait()
-        return 130
+        code = -1001
     finally:
         fg.restore()
         proc.close()
+    if net_run:
+        _net_run_summary(sb)
+    if code == -1000:
+        return EXIT_TIMEOUT
+    if code == -1001:
+        return 130
     return code if code >= 0 else 128 - code
+
+
+def _net_run_summary(sb) -> None:
+    audit = sb.audit
+    denied = audit.denied if audit is not None else 0
+    where = f"; audit log: {audit.path}" if audit is not None else ""
+    print(f"sandlock: {denied} network request(s) denied{where}", file=sys.stderr)
+
+
+def _policy_check(a) -> int:
+    from .errors import SandlockError
+    from .policy_file import load_policy, merge_fields, system_fields
+    from .sandbox import Sandbox
+    try:
+        loaded = load_policy(a.file)
+        sb = Sandbox(**merge_fields(system_fields() if loaded.system else {}, loaded.fields))
+    except SandlockError as e:
+        print(f"sandlock: error: {e}", file=sys.stderr)
+        return EXIT_SANDLOCK
+    p = sb.policy
+    print(f"{a.file}: valid (version 1){' — ' + loaded.name if loaded.name else ''}")
+    rows = [("read", p.fs_readable), ("write", p.fs_writable), ("deny", p.fs_denied),
+            ("net allow", [r.spec for r in p.endpoints.allow] or ["(none: no network)"]),
+            ("net deny", [r.spec for r in p.endpoints.deny]),
+            ("tcp bind", sorted(p.tcp_bind.ports) if not p.tcp_bind.any_port else ["*"]),
+            ("unix sockets", p.unix_allow), ("dns servers", p.dns_servers or
+                                             (["(system)"] if p.endpoints.hostnames else [])),
+            ("audit log", [p.audit_log] if p.audit_log else [])]
+    for label, values in rows:
+        if values:
+            print(f"  {label:13} " + "\n  {:13} ".format("").join(str(v) for v in values))
+    enforcement = ("Landlock only (port rules)" if not p.net_supervised
+                   else "supervisor decides destinations; Landlock bounds TCP ports")
+    print(f"  {'network':13} {enforcement}")
+    if p.endpoints.hostnames and not p.endpoints.allow_private:
+        print(f"  {'ssrf':13} host rules never reach private/loopback/metadata addresses")
+    if loaded.timeout:
+        print(f"  {'timeout':13} {loaded.timeout:g}s")
+    return 0
+
+
+def _audit(a) -> int:
+    from netpolicy.audit import summarize
+    try:
+        print(summarize(a.file, a.top))
+    except OSError as e:
+        print(f"sandlock: error: {a.file}: {e.strerror}", file=sys.stderr)
+        return EXIT_SANDLOCK
+    return 0
 
 
 def _check(a) -> int:
@@ -186,8 +299,12 @@ def _check(a) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "run":
-        return _run(args)
+    if args.command in ("run", "net-run"):
+        return _run(args, net_run=args.command == "net-run")
+    if args.command == "policy":
+        return _policy_check(args)
+    if args.command == "audit":
+        return _audit(args)
     return _check(args)
 
 

@@ -100,6 +100,8 @@ class Sandbox:
     _policy: Policy | None = field(default=None, init=False, repr=False, compare=False)
     _conf: Any = field(default=None, init=False, repr=False, compare=False)
     _net: Any = field(default=None, init=False, repr=False, compare=False)
+    _default_timeout: float | None = field(default=None, init=False, repr=False,
+                                           compare=False)
 
     def __post_init__(self):
         self._policy = self._validate()
@@ -120,6 +122,18 @@ class Sandbox:
         object.__setattr__(self, "_conf", None)
         object.__setattr__(self, "_net", None)
         object.__setattr__(self, "_policy", policy)
+
+    @classmethod
+    def from_policy(cls, path: str, **overrides) -> "Sandbox":
+        """A Sandbox from a YAML policy file (see sandlock.policy_file); keyword arguments
+        add to it (lists are extended). `filesystem.system` (default true) grants the
+        read-only system view of `sandlock run`."""
+        from .policy_file import load_policy, merge_fields, system_fields
+        loaded = load_policy(path)
+        fields_ = merge_fields(system_fields() if loaded.system else {}, loaded.fields)
+        sb = cls(**merge_fields(fields_, overrides))
+        object.__setattr__(sb, "_default_timeout", loaded.timeout)
+        return sb
 
     def _validate(self) -> Policy:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
@@ -213,6 +227,8 @@ class Sandbox:
 
         `timeout` (seconds) kills the whole process group. stdin is `input`, or empty.
         """
+        if timeout is None:
+            timeout = self._default_timeout
         try:
             proc = self.popen(cmd, stdin=StdioMode.PIPED if input else StdioMode.NULL,
                               stdout=StdioMode.PIPED, stderr=StdioMode.PIPED)

@@ -1,0 +1,200 @@
+"""YAML policy files (schema version 1) -> Sandbox keyword arguments.
+
+Every error names the file, the line and the key: unknown keys, wrong types and bad
+endpoint specs are refused before anything runs. Relative paths are taken relative to the
+current directory and `~` is expanded, as a shell would for the same paths on the CLI.
+
+    version: 1
+    name: github-readonly
+    filesystem: {system: true, read: [...], write: [...], deny: [...]}
+    network: {allow: [...], deny: [...], bind: [...], unix: [...], allow_private: false}
+    dns: {servers: ["127.0.0.53"]}
+    audit: {file: audit.jsonl, allowed: false}
+    process: {env: {K: V}, clean_env: false, cwd: ., timeout: 60}
+    syscalls: {deny: [...], allow: [sysv_ipc]}
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import PolicyError
+
+STR, BOOL, NUM, STRLIST, PORTLIST, STRMAP = "string", "boolean", "number", "list of strings", \
+    "list of ports", "mapping of strings"
+
+# section -> key -> (type, Sandbox field or None for keys handled specially)
+SCHEMA = {
+    "version": NUM,
+    "name": STR,
+    "filesystem": {"system": (BOOL, None), "read": (STRLIST, "fs_readable"),
+                   "write": (STRLIST, "fs_writable"), "deny": (STRLIST, "fs_denied")},
+    "network": {"allow": (STRLIST, "net_allow"), "deny": (STRLIST, "net_deny"),
+                "bind": (PORTLIST, "net_allow_bind"), "unix": (STRLIST, "net_allow_unix"),
+                "allow_private": (BOOL, "net_allow_private")},
+    "dns": {"servers": (STRLIST, "dns_servers")},
+    "audit": {"file": (STR, "audit_log"), "allowed": (BOOL, "audit_allowed")},
+    "process": {"env": (STRMAP, "env"), "clean_env": (BOOL, "clean_env"),
+                "cwd": (STR, "cwd"), "timeout": (NUM, None)},
+    "syscalls": {"deny": (STRLIST, "extra_deny_syscalls"),
+                 "allow": (STRLIST, "extra_allow_syscalls")},
+}
+PATH_FIELDS = {"fs_readable", "fs_writable", "fs_denied", "net_allow_unix", "cwd", "audit_log"}
+
+
+class LoadedPolicy:
+    """Sandbox keyword arguments, plus what is not a Sandbox field (system, timeout)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fields: dict = {}
+        self.system = True
+        self.timeout: float | None = None
+        self.name: str | None = None
+
+
+def _where(path, node, key=None) -> str:
+    line = node.start_mark.line + 1
+    return f"{path}:{line}" + (f": {key}" if key else "")
+
+
+def _scalar(node, kind, path, key):
+    import yaml
+    if not isinstance(node, yaml.ScalarNode):
+        raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
+    value = yaml.safe_load(yaml.serialize(node))
+    ok = {STR: isinstance(value, str), BOOL: isinstance(value, bool),
+          NUM: isinstance(value, (int, float)) and not isinstance(value, bool)}[kind]
+    if not ok:
+        raise PolicyError(f"{_where(path, node, key)}: expected a {kind}, got {value!r}")
+    return value
+
+
+def _value(node, kind, path, key):
+    import yaml
+    if kind in (STR, BOOL, NUM):
+        return _scalar(node, kind, path, key)
+    if kind in (STRLIST, PORTLIST):
+        if not isinstance(node, yaml.SequenceNode):
+            raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
+        items = []
+        for item in node.value:
+            if kind == PORTLIST:
+                v = yaml.safe_load(yaml.serialize(item)) if isinstance(item, yaml.ScalarNode) \
+                    else None
+                if not isinstance(v, (int, str)) or isinstance(v, bool):
+                    raise PolicyError(f"{_where(path, item, key)}: expected a port or range")
+                items.append(v)
+            else:
+                items.append(_scalar(item, STR, path, key))
+        return items
+    if kind == STRMAP:
+        if not isinstance(node, yaml.MappingNode):
+            raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
+        return {_scalar(k, STR, path, key): str(_scalar(v, STR, path, f"{key}.{k.value}"))
+                for k, v in node.value}
+    raise AssertionError(kind)
+
+
+def _path(value: str) -> str:
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def load_policy(path: str) -> LoadedPolicy:
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise PolicyError(f"{path}: {e.strerror}") from None
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise PolicyError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(root, yaml.MappingNode):
+        raise PolicyError(f"{path}: a policy is a mapping with 'version: 1' at the top")
+    out = LoadedPolicy(path)
+    seen = {}
+    for knode, vnode in root.value:
+        key = _scalar(knode, STR, path, "key")
+        if key in seen:
+            raise PolicyError(f"{_where(path, knode, key)}: duplicate key")
+        seen[key] = vnode
+        if key not in SCHEMA:
+            raise PolicyError(f"{_where(path, knode, key)}: unknown key (expected one of "
+                              f"{', '.join(SCHEMA)})")
+        spec = SCHEMA[key]
+        if not isinstance(spec, dict):
+            value = _scalar(vnode, spec, path, key)
+            if key == "version" and value != 1:
+                raise PolicyError(f"{_where(path, vnode, key)}: unsupported version {value} "
+                                  f"(this sandlock reads version 1)")
+            if key == "name":
+                out.name = value
+                out.fields["name"] = value
+            continue
+        if not isinstance(vnode, yaml.MappingNode):
+            raise PolicyError(f"{_where(path, vnode, key)}: expected a mapping")
+        for sk_node, sv_node in vnode.value:
+            sub = _scalar(sk_node, STR, path, f"{key}.?")
+            full = f"{key}.{sub}"
+            if sub not in spec:
+                raise PolicyError(f"{_where(path, sk_node, full)}: unknown key (expected one "
+                                  f"of {', '.join(key + '.' + s for s in spec)})")
+            kind, field = spec[sub]
+            value = _value(sv_node, kind, path, full)
+            if field in PATH_FIELDS:
+                value = [_path(v) if v != "*" else v for v in value] \
+                    if isinstance(value, list) else _path(value)
+            if full == "filesystem.system":
+                out.system = value
+            elif full == "process.timeout":
+                if value <= 0:
+                    raise PolicyError(f"{_where(path, sv_node, full)}: must be positive")
+                out.timeout = float(value)
+            else:
+                out.fields[field] = value
+            if field in ("net_allow", "net_deny"):
+                _check_endpoints(path, sv_node, full, value)
+    if "version" not in seen:
+        raise PolicyError(f"{path}:1: missing 'version: 1'")
+    return out
+
+
+def _check_endpoints(path, node, key, specs) -> None:
+    from netpolicy.endpoint import EndpointError, parse_endpoint
+    for item, spec in zip(node.value, specs):
+        try:
+            parse_endpoint(spec)
+        except EndpointError as e:
+            raise PolicyError(f"{_where(path, item, key)}: {e}") from None
+
+
+LIST_FIELDS = ("fs_readable", "fs_writable", "fs_denied", "net_allow", "net_deny",
+               "net_allow_bind", "net_allow_unix", "dns_servers", "extra_deny_syscalls",
+               "extra_allow_syscalls")
+
+
+def merge_fields(base: dict, extra: dict) -> dict:
+    """`extra` adds to `base`: lists are concatenated, mappings merged, scalars replaced
+    (when set). This is how CLI flags add to a policy file."""
+    out = dict(base)
+    for key, value in extra.items():
+        if value is None:
+            continue
+        if key in LIST_FIELDS:
+            out[key] = list(out.get(key) or []) + list(value)
+        elif key == "env":
+            out[key] = {**(out.get(key) or {}), **value}
+        elif value is not False or key not in out:
+            out[key] = value
+    return out
+
+
+def system_fields() -> dict:
+    """The read-only system view `sandlock run` grants unless told otherwise."""
+    from .policy import system_denied, system_devices, system_readable
+    return {"fs_readable": system_readable(), "fs_writable": system_devices(),
+            "fs_denied": system_denied()}
