@@ -14,7 +14,10 @@ import subprocess
 import sys
 import tempfile
 
-import pyseccomp  # noqa: F401  (loaded so that it is copied for the nested run)
+import dns.resolver  # noqa: F401  (loaded so that the nested run gets a copy)
+import dns.rrset  # noqa: F401
+import pyseccomp  # noqa: F401
+import yaml  # noqa: F401
 import pytest
 
 from conftest import IS_ROOT
@@ -64,7 +67,7 @@ def test_suite_passes_unprivileged(public_dir):
     work = tmp_path / "unpriv"
     site = work / "site"
     site.mkdir(parents=True)
-    for package in ("sandlock", "netpolicy"):
+    for package in ("sandlock", "netpolicy", "policies"):
         shutil.copytree(os.path.join(ROOT, package), work / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(os.path.join(ROOT, "tests"), work / "tests",
