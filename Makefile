@@ -8,6 +8,7 @@ HELPER := sandlock/_libexec/sandlock-exec
 .PHONY: setup helper demo test bench clean
 
 setup: $(BIN)/.installed helper
+	@$(BIN)/python -m compileall -q sandlock netpolicy >/dev/null  # bytecode, even under PYTHONDONTWRITEBYTECODE
 
 $(BIN)/.installed: pyproject.toml scripts/setup-system
 	./scripts/setup-system
