@@ -30,6 +30,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/update_readme.py
 
 clean:
 	rm -rf $(VENV) $(HELPER) build *.egg-info

@@ -4,8 +4,12 @@ some are refused by the kernel, and the output explains which rule decided.
 Run it with `make demo` (sets everything up first) or `.venv/bin/python examples/demo.py`.
 """
 
+import http.server
+import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -99,5 +103,57 @@ def main():
     other.close()
 
 
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"hello from {self.server.server_address[0]}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.server.hits += 1
+
+    def log_message(self, *args):
+        pass
+
+
+def http_server(host):
+    srv = http.server.ThreadingHTTPServer((host, 0), _Handler)
+    srv.hits = 0
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def net_run_demo():
+    """Part 2: an agent's web tool under `sandlock net-run`, as a user runs it."""
+    api, other = http_server("127.0.0.2"), http_server("127.0.0.3")
+    api_url = f"http://127.0.0.2:{api.server_address[1]}/v1/status"
+    other_url = f"http://127.0.0.3:{other.server_address[1]}/upload"
+    audit = os.path.join(tempfile.mkdtemp(prefix="sandlock-audit-"), "audit.jsonl")
+    sandlock = [sys.executable, "-m", "sandlock"]
+    cmd = sandlock + ["net-run", "--allow", f"127.0.0.2:{api.server_address[1]}",
+                      "--audit", audit, "--", "sh", "-c",
+                      f"curl -sS -m 5 {api_url}; curl -sS -m 5 {other_url}; true"]
+    print("\n" + "=" * 78)
+    print("Part 2: an agent tool under net-run (the network policy allows one service)")
+    print("$ sandlock net-run --allow 127.0.0.2:%d --audit %s -- \\\n"
+          "    sh -c 'curl %s; curl %s'" % (api.server_address[1], audit, api_url, other_url))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    for line in (r.stdout + r.stderr).splitlines():
+        print("  " + line)
+    print("\nThe audit record that explains the refusal (one JSON line per denial):")
+    with open(audit) as f:
+        for line in f:
+            rec = json.loads(line)
+            print("  " + json.dumps({k: rec[k] for k in ("decision", "syscall", "protocol",
+                                                       "address", "port", "rule", "errno",
+                                                       "reason", "argv")}))
+    print(f"\nThe allowed service answered {api.hits} request(s); the other one saw "
+          f"{other.hits}: the connection never left the sandbox.")
+    print(f"Summarise any audit log with: sandlock audit {audit}")
+    api.shutdown()
+    other.shutdown()
+
+
 if __name__ == "__main__":
     main()
+    net_run_demo()
