@@ -38,7 +38,7 @@ class Defer:
         self.fn = fn
 
 
-AF_UNSPEC, AF_UNIX, AF_INET, AF_INET6 = 0, 1, 2, 10
+AF_UNSPEC, AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 0, 1, 2, 10, 16
 SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
 MSG_FASTOPEN = 0x20000000
 SCM_RIGHTS, SCM_CREDENTIALS = 1, 2
@@ -78,8 +78,8 @@ def parse_sockaddr(raw: bytes) -> Destination:
         if path[:1] == b"\0":
             return Destination(family, raw, path=None)  # abstract
         return Destination(family, raw, path=path.split(b"\0", 1)[0])
-    if family == AF_UNSPEC:
-        return Destination(family, raw)
+    if family in (AF_UNSPEC, AF_NETLINK):
+        return Destination(family, raw)  # no destination policy: passed through as is
     raise Denied(errno.EAFNOSUPPORT, f"address family {family}")
 
 
@@ -180,11 +180,16 @@ def connect(req: Request, session):
     try:
         domain, stype, proto = _socket_info(fd)
         addrlen = req.args[2] & 0xFFFFFFFF
-        if domain not in (AF_UNIX, AF_INET, AF_INET6):
-            os.close(fd)
-            return CONTINUE  # netlink & co: no address decision is taken here
         if not 2 <= addrlen <= 128:
             raise Denied(errno.EINVAL, "bad address length")
+        if domain not in (AF_UNIX, AF_INET, AF_INET6):
+            # Netlink: no destination policy. The kernel may redo the call only if no other
+            # thread can swap this fd for an inet socket meanwhile; else we connect it.
+            if _single_threaded(req.pid):
+                os.close(fd)
+                return CONTINUE
+            raw = req.read_bytes(req.args[1], addrlen)
+            return _run(fd, False, lambda: _connect(fd, raw))
         if (domain != AF_UNIX and stype == SOCK_STREAM and net.tcp_by_landlock
                 and _single_threaded(req.pid)):
             os.close(fd)
@@ -349,6 +354,8 @@ def _translate_control(req, control: bytes, opened: list) -> bytes:
 def _check_message(req, session, syscall, domain, stype, proto, flags, msg, fd, opened):
     """Decide on one message; returns the (name, control) to send it with."""
     dest = msg.dest
+    if domain not in (AF_UNIX, AF_INET, AF_INET6):  # netlink: the kernel is the only peer
+        return (dest.raw if dest is not None else None), msg.control
     if domain == AF_UNIX:
         if dest is not None and dest.family == AF_UNIX:
             if dest.path is None:
@@ -387,7 +394,10 @@ def _check_dns_datagram(req, session, syscall, dest, payload):
         if net.policy.name_allowed(name) is None:
             _deny(req, session, syscall, f"DNS query for {name}: no rule allows that name",
                   errno.EPERM, host=name, **info)
-        net.pin(name)
+        try:
+            net.pin(name)
+        except Exception:  # the query still goes out; its answer will say why
+            pass
 
 
 def _send_one(req, session, syscall, fd, domain, stype, proto, flags, msg, opened) -> int:
@@ -445,8 +455,7 @@ def sendto(req: Request, session):
     if res is CONTINUE:
         return res
     domain, stype, flags, fd, action = res
-    blocking = _blocking(fd) and not flags & socket.MSG_DONTWAIT
-    return _finish(blocking, lambda: action()[0])
+    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0])
 
 
 def sendmsg(req: Request, session):
@@ -455,8 +464,7 @@ def sendmsg(req: Request, session):
     if res is CONTINUE:
         return res
     domain, stype, flags, fd, action = res
-    blocking = _blocking(fd) and not flags & socket.MSG_DONTWAIT
-    return _finish(blocking, lambda: action()[0])
+    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0])
 
 
 def sendmmsg(req: Request, session):
@@ -467,7 +475,7 @@ def sendmmsg(req: Request, session):
     if res is CONTINUE:
         return res
     domain, stype, flags, fd, action = res
-    blocking = _blocking(fd) and not flags & socket.MSG_DONTWAIT
+    blocking = _may_block(session, fd, stype, flags)
 
     def finish():
         from .._kernel.memory import write_memory
@@ -480,6 +488,14 @@ def sendmmsg(req: Request, session):
 
 def _finish(blocking, fn):
     return Defer(fn) if blocking else fn()
+
+
+def _may_block(session, fd, stype, flags) -> bool:
+    """A blocking socket, or a datagram that may be DNS (checked with our own resolution,
+    which waits on the network): finish on a worker thread."""
+    if stype == SOCK_DGRAM and session.net.dns_enabled:
+        return True
+    return _blocking(fd) and not flags & socket.MSG_DONTWAIT
 
 
 HANDLERS = {"connect": connect, "sendto": sendto, "sendmsg": sendmsg, "sendmmsg": sendmmsg}
