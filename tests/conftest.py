@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -97,3 +98,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Connect to each "host:port" (IPv6 in brackets) and print what happened: the server's
+# greeting or the errno.
+CONNECT = """
+import json, socket, sys
+res = []
+for spec in sys.argv[1:]:
+    host, port = spec.rsplit(":", 1)
+    host = host.strip("[]")
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect((host, int(port))); res.append(s.recv(3).decode())
+    except OSError as e:
+        res.append(e.errno)
+    s.close()
+print(json.dumps(res))
+"""
+
+
+def connect_in(sb, *targets):
+    r = run_py(sb, CONNECT, *targets)
+    assert r.success, r.stderr
+    return json.loads(r.stdout)

@@ -8,30 +8,7 @@ import subprocess
 import threading
 import time
 
-from conftest import PY, free_port, run_py, sandbox
-
-CONNECT = """
-import json, socket, sys
-res = []
-for spec in sys.argv[1:]:
-    host, port = spec.rsplit(":", 1)
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(fam, socket.SOCK_STREAM)
-    s.settimeout(5)
-    try:
-        s.connect((host.strip("[]"), int(port))); res.append(s.recv(3).decode())
-    except OSError as e:
-        res.append(e.errno)
-    s.close()
-print(json.dumps(res))
-"""
-
-
-def connect_in(sb, *targets):
-    r = run_py(sb, CONNECT, *targets)
-    assert r.success, r.stderr
-    return json.loads(r.stdout)
-
+from conftest import CONNECT, PY, connect_in, free_port, run_py, sandbox
 
 def test_tcp_connect_only_to_granted_port(tcp_server):
     allowed, other = tcp_server(), tcp_server()

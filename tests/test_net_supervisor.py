@@ -13,34 +13,10 @@ import time
 import dns.message  # noqa: F401  (loaded so that the unprivileged run copies dnspython)
 import pytest
 
-from conftest import PY, TcpServer, run_py, sandbox
+from conftest import TcpServer, connect_in, run_py, sandbox
 from dnsserver import TestDnsServer
 
 DNSPY_PATH = os.path.dirname(os.path.dirname(dns.message.__file__))
-
-CONNECT = """
-import json, socket, sys
-res = []
-for spec in sys.argv[1:]:
-    host, port = spec.rsplit(":", 1)
-    host = host.strip("[]")
-    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(fam, socket.SOCK_STREAM)
-    s.settimeout(5)
-    try:
-        s.connect((host, int(port))); res.append(s.recv(3).decode())
-    except OSError as e:
-        res.append(e.errno)
-    s.close()
-print(json.dumps(res))
-"""
-
-
-def connect_in(sb, *targets):
-    r = run_py(sb, CONNECT, *targets)
-    assert r.success, r.stderr
-    return json.loads(r.stdout)
-
 
 @pytest.fixture
 def servers():
