@@ -26,7 +26,7 @@ import dns.resolver
 
 from .endpoint import IPAddress, canonical_address, canonical_hostname, parse_server
 
-MIN_TTL = 5
+MIN_TTL = 1
 MAX_TTL = 3600
 
 

@@ -79,6 +79,8 @@ _LOW32 = 0xFFFFFFFF
 # ports; UDP, raw and ICMP need the network supervisor's rules).
 _ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
 _AF_MAX = 46
+_NETLINK_MAX = 32
+_ALLOWED_NETLINK = (0, 4)  # NETLINK_ROUTE, NETLINK_SOCK_DIAG
 _IPPROTO_SCTP = 132
 _IPPROTO_MPTCP = 262
 
@@ -202,6 +204,14 @@ def _add_socket_rules(f, sc, eperm, deny_inet: bool, udp: bool, icmp: bool) -> N
         if family not in allowed:
             f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family))
     f.add_rule(eperm, "socket", sc.Arg(0, sc.GT, _AF_MAX - 1))
+    # Netlink: routing (read-only without CAP_NET_ADMIN, which sandboxes never hold) and
+    # socket diagnostics only; not audit, uevents, netfilter, xfrm, generic families.
+    for proto in range(_NETLINK_MAX):
+        if proto not in _ALLOWED_NETLINK:
+            f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, socket.AF_NETLINK),
+                       sc.Arg(2, sc.MASKED_EQ, _LOW32, proto))
+    f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, socket.AF_NETLINK),
+               sc.Arg(2, sc.GT, _NETLINK_MAX - 1))
     for family, ping in ((socket.AF_INET, socket.IPPROTO_ICMP),
                          (socket.AF_INET6, socket.IPPROTO_ICMPV6)):
         for sock_type in range(16):  # the type's low 4 bits; the rest are SOCK_* flags

@@ -310,3 +310,64 @@ print(ok, bad)
         assert r.stdout.split() == [b"250", b"250"], (r.stdout, r.stderr[-500:])
     time.sleep(0.2)
     assert ok.accepted == 20 * 250 and bad.accepted == 0
+
+
+def test_address_change_is_followed_as_ttl_expires(servers):
+    first, second = servers("127.0.0.2"), servers("127.0.0.4")
+    dns_srv = TestDnsServer({"moving.sandlock.test": ["127.0.0.2"]}, ttl=1)
+    try:
+        sb = sandbox(net_allow=["moving.sandlock.test"], dns_servers=[dns_srv.address],
+                     net_allow_private=True)
+        assert connect_in(sb, f"127.0.0.2:{first.port}", f"127.0.0.4:{second.port}") == \
+            ["ok\n", 13]
+        dns_srv.zone["moving.sandlock.test"] = ["127.0.0.4"]
+        time.sleep(2.5)  # the supervisor re-resolves as the 1 s TTL runs out
+        assert connect_in(sb, f"127.0.0.4:{second.port}", f"127.0.0.2:{first.port}") == \
+            ["ok\n", 13]
+        assert second.accepted == 1 and first.accepted == 1
+    finally:
+        dns_srv.close()
+
+
+def test_concurrent_sandboxes_share_one_audit_log_without_interleaving(tmp_path, servers):
+    bad = servers("127.0.0.3")
+    log = tmp_path / "shared.jsonl"
+    code = ("import socket, sys\nfor i in range(40):\n s = socket.socket()\n"
+            " try: s.connect(('127.0.0.3', int(sys.argv[1])))\n except OSError: pass\n"
+            " s.close()")
+    results = []
+
+    def work(i):
+        sb = sandbox(net_allow=["127.0.0.2:1"], audit_log=str(log), name=f"sb{i}")
+        results.append(run_py(sb, code, str(bad.port), timeout=120))
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 8 and all(r.success for r in results)
+    lines = log.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and len(lines) == 8 * 40 + 1
+    names = {json.loads(line)["sandbox"] for line in lines[:-1]}  # each line whole JSON
+    assert names == {f"sb{i}" for i in range(8)} and bad.accepted == 0
+
+
+def test_killed_sandbox_leaves_no_blocked_on_behalf_call():
+    from sandlock.supervisor.loop import supervisor
+    jam = socket.socket()
+    jam.bind(("127.0.0.2", 0))
+    jam.listen(0)  # never accepted: further connects block in SYN retries for minutes
+    port = jam.getsockname()[1]
+    code = ("import socket, sys, threading\nsocks = []\n"
+            "def c():\n s = socket.socket(); socks.append(s)\n"
+            " s.connect(('127.0.0.2', int(sys.argv[1])))\n"
+            "ts = [threading.Thread(target=c) for _ in range(4)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]")
+    t0 = time.monotonic()
+    r = run_py(sandbox(net_allow=[f"127.0.0.2:{port}"]), code, str(port), timeout=1.5)
+    assert r.reason.name == "TIMEOUT" and time.monotonic() - t0 < 5
+    deadline = time.monotonic() + 3
+    while supervisor()._pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not supervisor()._pending  # the blocked connects were woken and answered
+    jam.close()

@@ -51,6 +51,8 @@ cases = {
   "socket_mptcp": (41, 2, 1, 262), "socket_sctp": (41, 2, 1, 132),
   "socket_vsock": (41, 40, 1, 0), "socket_high_bits_family": (41, 0x100000002, 2, 0),
   "socket_bluetooth": (41, 31, 1, 0), "socket_alg": (41, 38, 5, 0),
+  "netlink_audit": (41, 16, 3, 9), "netlink_uevent": (41, 16, 2, 15),
+  "netlink_generic": (41, 16, 3, 16), "netlink_netfilter": (41, 16, 3, 12),
   "clone3": (435, p, 0),  # size 0: EINVAL unconfined, never a fork
 }
 names = sys.argv[1:] or list(cases)
@@ -59,6 +61,7 @@ res["personality_query"] = sc(135, 0xFFFFFFFF)
 res["socket_unix"] = sc(41, 1, 1, 0)
 res["socket_tcp"] = sc(41, 2, 1, 0)
 res["socket_tcp6"] = sc(41, 10, 1, 6)
+res["netlink_route"] = sc(41, 16, 3, 0)
 print(json.dumps(res))
 """
 
@@ -81,7 +84,8 @@ DENIED = [
     "personality_read_implies_exec", "tiocsti", "tiocsti_high_bits", "tioclinux", "setsid",
     "setpgid", "shmget", "semget", "msgget", "socket_packet", "socket_udp", "socket_udp6",
     "socket_raw", "socket_icmp_ping", "socket_mptcp", "socket_sctp", "socket_vsock",
-    "socket_high_bits_family", "socket_bluetooth", "socket_alg",
+    "socket_high_bits_family", "socket_bluetooth", "socket_alg", "netlink_audit",
+    "netlink_uevent", "netlink_generic", "netlink_netfilter",
 ]
 
 
@@ -96,7 +100,7 @@ def test_clone3_is_enosys_so_libc_falls_back(probe):
 
 def test_allowed_neighbours_still_work(probe):
     assert probe["personality_query"][0] >= 0
-    for name in ("socket_unix", "socket_tcp", "socket_tcp6"):
+    for name in ("socket_unix", "socket_tcp", "socket_tcp6", "netlink_route"):
         assert probe[name][0] >= 0, (name, probe[name])
 
 

@@ -60,6 +60,11 @@ def bind(fd: int, addr: bytes) -> None:
     _check(libc.bind(fd, buf, ctypes.c_uint32(len(addr))))
 
 
+def shutdown(fd: int) -> None:
+    """shutdown(SHUT_RDWR); errors ignored (the socket may already be closed by its peer)."""
+    libc.shutdown(fd, 2)
+
+
 def getsockname(fd: int) -> bytes:
     buf = ctypes.create_string_buffer(128)
     size = ctypes.c_uint32(128)

@@ -35,6 +35,9 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
     return table
 
 
+PENDING_CHECK = 0.2  # seconds between checks for deferred calls whose caller is gone
+
+
 class Session:
     """The supervisor's view of one sandbox: its policy and what was denied."""
 
@@ -67,6 +70,8 @@ class Supervisor:
         self._privileged = base.mask("permitted") != 0
         self._current_effective = None
         self._workers = None
+        self._pending: set = set()  # (listener, notif id, Guard) of deferred calls
+        self._pending_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="sandlock-supervisor",
                                         daemon=True)
         self._thread.start()
@@ -92,9 +97,11 @@ class Supervisor:
         notif = seccomp.Notif()
         while True:
             try:
-                events = self._epoll.poll()
+                events = self._epoll.poll(PENDING_CHECK if self._pending else -1)
             except InterruptedError:
                 continue
+            if self._pending:
+                self._abort_orphans()
             for fd, ev in events:
                 with self._lock:
                     session = self._sessions.get(fd)
@@ -135,15 +142,31 @@ class Supervisor:
             # A blocking on-behalf call: finish it on a worker thread, with the same rules.
             # Worker threads keep the supervisor's full capabilities only as *permitted*:
             # they drop the effective set first, like this thread does.
-            self._pool().submit(self._finish_deferred, req, session, name, result.fn)
+            entry = (listener, req.id, result.guard)
+            if result.guard is not None:
+                with self._pending_lock:
+                    self._pending.add(entry)
+            self._pool().submit(self._finish_deferred, req, session, name, result.fn, entry)
             return
         self._send(req, result)
 
-    def _finish_deferred(self, req, session, name, fn) -> None:
+    def _finish_deferred(self, req, session, name, fn, entry) -> None:
         def run():
             self._drop_thread_caps(session)
             return fn()
-        self._send(req, self._complete(req, session, name, run))
+        try:
+            self._send(req, self._complete(req, session, name, run))
+        finally:
+            with self._pending_lock:
+                self._pending.discard(entry)
+
+    def _abort_orphans(self) -> None:
+        """Wake deferred calls whose caller died or was killed (its notification is gone)."""
+        with self._pending_lock:
+            entries = list(self._pending)
+        for listener, notif_id, guard in entries:
+            if not seccomp.notif_id_valid(listener, notif_id):
+                guard.abort()
 
     def _drop_thread_caps(self, session: Session) -> None:
         if self._privileged:

@@ -19,6 +19,7 @@ import errno
 import os
 import socket
 import struct
+import threading
 
 from netpolicy.endpoint import canonical_address
 
@@ -32,10 +33,32 @@ CONTINUE = object()  # handler result: let the kernel perform the call
 
 class Defer:
     """Handler result: finish `fn()` on a worker thread (a blocking on-behalf call must not
-    stall the supervisor loop)."""
+    stall the supervisor loop). `guard` lets the loop abort the call if the caller dies."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, guard=None):
         self.fn = fn
+        self.guard = guard
+
+
+class Guard:
+    """Our duplicate socket while a deferred call blocks on it. If the calling task goes
+    away, the loop calls abort(): shutdown() wakes a blocked connect/send at once, so no
+    worker waits on a peer for a sandbox that no longer exists. The lock makes sure the fd
+    is never shut down after the worker closed it (its number could be reused)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._lock = threading.Lock()
+        self._done = False
+
+    def abort(self) -> None:
+        with self._lock:
+            if not self._done:
+                sockets.shutdown(self.fd)
+
+    def finish(self) -> None:
+        with self._lock:
+            self._done = True
 
 
 AF_UNSPEC, AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 0, 1, 2, 10, 16
@@ -163,13 +186,16 @@ def _blocking(fd: int) -> bool:
 
 def _run(fd: int, blocking: bool, fn, *closers):
     """Run the on-behalf action now (non-blocking socket) or on a worker thread."""
+    guard = Guard(fd)
+
     def action():
         try:
             return fn()
         finally:
+            guard.finish()
             for c in (fd, *closers):
                 os.close(c)
-    return Defer(action) if blocking else action()
+    return Defer(action, guard) if blocking else action()
 
 
 # --- connect ---------------------------------------------------------------------------------
@@ -423,6 +449,8 @@ def _send_common(req, session, syscall, msgs_fn):
         os.close(fd)
         raise
 
+    guard = Guard(fd)
+
     def action():
         try:
             results = []
@@ -436,10 +464,11 @@ def _send_common(req, session, syscall, msgs_fn):
                     break  # sendmmsg: report the messages sent before the failure
             return results
         finally:
+            guard.finish()
             for o in opened:
                 os.close(o)
             os.close(fd)
-    return domain, stype, flags, fd, action
+    return domain, stype, flags, fd, action, guard
 
 
 def sendto(req: Request, session):
@@ -454,8 +483,8 @@ def sendto(req: Request, session):
     res = _send_common(req, session, "sendto", messages)
     if res is CONTINUE:
         return res
-    domain, stype, flags, fd, action = res
-    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0])
+    domain, stype, flags, fd, action, guard = res
+    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0], guard)
 
 
 def sendmsg(req: Request, session):
@@ -463,8 +492,8 @@ def sendmsg(req: Request, session):
                        lambda: [_read_msghdr(req, req.args[1])])
     if res is CONTINUE:
         return res
-    domain, stype, flags, fd, action = res
-    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0])
+    domain, stype, flags, fd, action, guard = res
+    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0], guard)
 
 
 def sendmmsg(req: Request, session):
@@ -474,7 +503,7 @@ def sendmmsg(req: Request, session):
                        lambda: [_read_msghdr(req, base + 64 * i) for i in range(vlen)])
     if res is CONTINUE:
         return res
-    domain, stype, flags, fd, action = res
+    domain, stype, flags, fd, action, guard = res
     blocking = _may_block(session, fd, stype, flags)
 
     def finish():
@@ -483,11 +512,11 @@ def sendmmsg(req: Request, session):
         for i, n in enumerate(sent):  # msg_len, as the kernel would have stored it
             write_memory(req.pid, base + 64 * i + 56, struct.pack("<I", n))
         return len(sent)
-    return _finish(blocking, finish)
+    return _finish(blocking, finish, guard)
 
 
-def _finish(blocking, fn):
-    return Defer(fn) if blocking else fn()
+def _finish(blocking, fn, guard):
+    return Defer(fn, guard) if blocking else fn()
 
 
 def _may_block(session, fd, stype, flags) -> bool:
