@@ -85,9 +85,23 @@ _IPPROTO_SCTP = 132
 _IPPROTO_MPTCP = 262
 
 
+_SONAMES = {"c": "libc.so.6", "seccomp": "libseccomp.so.2"}
+
+
 def _seccomp():
-    import pyseccomp  # deferred: costs a libseccomp load, and only the compiler needs it
-    return pyseccomp
+    """pyseccomp, imported on first use. At import it locates libc and libseccomp with
+    ctypes.util.find_library, which runs ldconfig in a subprocess (~30 ms of every CLI
+    start); the sonames are fixed on Linux, so they are answered directly."""
+    import sys
+    if "pyseccomp" not in sys.modules:
+        import ctypes.util
+        real = ctypes.util.find_library
+        ctypes.util.find_library = lambda name: _SONAMES.get(name) or real(name)
+        try:
+            import pyseccomp  # noqa: F401
+        finally:
+            ctypes.util.find_library = real
+    return sys.modules["pyseccomp"]
 
 
 def syscall_number(name: str) -> int:
