@@ -50,6 +50,9 @@ def test_address_forms_cannot_dodge_the_rule(servers):
                      f"127.1:{s1.port}", f"2130706433:{s1.port}")
     assert res == [13, 13, 13, 13]
     assert s1.accepted == s3.accepted == v6.accepted == 0
+    # IPv6 loopback is another address than 127.0.0.1, even with 127.0.0.1 allowed.
+    assert connect_in(sandbox(net_allow=[f"127.0.0.1:{v6.port}"]), f"[::1]:{v6.port}") == [13]
+    assert v6.accepted == 0
     # Control: a rule in the short form admits exactly 127.0.0.1.
     assert connect_in(sandbox(net_allow=[f"127.1:{s1.port}"]), f"127.0.0.1:{s1.port}") == ["ok\n"]
 
