@@ -80,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
                     "network as the policy says, every denial in the audit log.")
     _add_run_policy_args(net)
     net.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    pipe = sub.add_parser(
+        "pipe", help="run a pipeline whose stages have their own policies",
+        usage="sandlock pipe [-t SECONDS] [stage options] -- CMD... ::: [stage options] -- CMD...",
+        description="Stages are separated by ':::'; each takes the options of `sandlock run` "
+                    "(its own --policy, -r, -w, --net-allow ...). Stage N's stdout feeds stage "
+                    "N+1's stdin through a kernel pipe. -t/--timeout (first stage's) bounds the "
+                    "whole pipeline. Exit status: the last stage's.")
+    pipe.add_argument("stages", nargs=argparse.REMAINDER)
     pol = sub.add_parser("policy", help="policy files")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
     pol_check = pol_sub.add_parser("check", help="validate a policy and print its rules")
@@ -235,6 +243,43 @@ def _net_run_summary(sb) -> None:
     print(f"sandlock: {denied} network request(s) denied{where}", file=sys.stderr)
 
 
+def _pipe(tokens: list[str]) -> int:
+    from .errors import SandlockError
+    from .pipeline import Pipeline
+    parser = _parser()
+    segments, current = [], []
+    for token in tokens:
+        if token == ":::":
+            segments.append(current)
+            current = []
+        else:
+            current.append(token)
+    segments.append(current)
+    stages, timeout = [], None
+    try:
+        for seg in segments:
+            args = parser.parse_args(["run", *seg])
+            cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+            if not cmd:
+                print("sandlock: error: a pipeline stage has no command "
+                      "(stage: [options] -- CMD ...)", file=sys.stderr)
+                return EXIT_SANDLOCK
+            sb, stage_timeout = _sandbox_from_args(args)
+            timeout = timeout if timeout is not None else stage_timeout
+            stages.append(sb.cmd(cmd))
+        result = Pipeline(stages).run(stdout=1, stdin=0, timeout=timeout)
+    except SandlockError as e:
+        print(f"sandlock: error: {e}", file=sys.stderr)
+        return EXIT_SANDLOCK
+    for i, r in enumerate(result.stages):
+        sys.stderr.buffer.write(r.stderr)
+        if r.error:
+            print(f"sandlock: stage {i + 1}: {r.error}", file=sys.stderr)
+    if result.reason.name == "TIMEOUT":
+        return EXIT_TIMEOUT
+    return result.exit_code if result.signal < 0 else 128 + result.signal
+
+
 def _policy_check(a) -> int:
     from .errors import SandlockError
     from .policy_file import load_policy, merge_fields, system_fields
@@ -298,6 +343,9 @@ def _check(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pipe"] and not set(argv[1:2]) & {"-h", "--help"}:
+        return _pipe(argv[1:])  # stages carry `run` options, parsed stage by stage
     args = _parser().parse_args(argv)
     if args.command in ("run", "net-run"):
         return _run(args, net_run=args.command == "net-run")

@@ -24,6 +24,7 @@ class Result:
     signal: int = -1
     changes: list = field(default_factory=list)
     denials: list = field(default_factory=list)
+    stages: list = field(default_factory=list)  # a pipeline's per-stage Results
 
     def __repr__(self) -> str:
         return (f"Result(success={self.success}, exit_code={self.exit_code}, "

@@ -238,8 +238,9 @@ class Sandbox:
             return proc.communicate(input=input, timeout=timeout)
 
     def cmd(self, argv: Sequence[str]):
-        raise SandlockError("pipelines need the supervisor's pipeline support, which this "
-                            "version of sandlock does not implement")
+        """A pipeline stage: `sb.cmd([...]) | other.cmd([...])`, then `.run(timeout=...)`."""
+        from .pipeline import Stage
+        return Stage(self, _argv(argv))
 
 
 _build_lock = threading.Lock()

@@ -1,0 +1,48 @@
+"""Pipelines of differently-confined stages."""
+
+import subprocess
+import sys
+import time
+
+from sandlock import ExitReason
+from conftest import PY, TcpServer, sandbox
+
+
+def test_reader_has_data_but_no_network_sender_has_network_but_no_data(tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("payload-123\n")
+    srv = TcpServer("127.0.0.2")
+    try:
+        reader = sandbox(fs_readable=[tmp_path])
+        sender = sandbox(net_allow=[f"127.0.0.2:{srv.port}"])
+        send = ("import socket, sys\nd = sys.stdin.read()\n"
+                f"s = socket.create_connection(('127.0.0.2', {srv.port})); print('sent', d.strip())\n"
+                f"try:\n open({str(data)!r}).read(); print('sender read data')\n"
+                "except OSError as e: print('sender cannot read', e.errno)")
+        steal = (f"import socket\ntry:\n socket.create_connection(('127.0.0.2', {srv.port}))"
+                 f"; print('reader connected')\nexcept OSError as e: print('reader no net', e.errno)")
+        r = (reader.cmd(["sh", "-c", f"cat {data}; {PY} -c \"{steal}\" >&2"])
+             | sender.cmd([PY, "-c", send])).run(timeout=30)
+        assert r.success, (r.stderr, [s.stderr for s in r.stages])
+        assert r.stdout.decode().split("\n")[:2] == ["sent payload-123", "sender cannot read 13"]
+        assert b"reader no net 13" in r.stages[0].stderr
+        assert srv.accepted == 1  # only the sender's connection
+    finally:
+        srv.close()
+
+
+def test_pipeline_timeout_kills_every_stage():
+    sb = sandbox()
+    t0 = time.monotonic()
+    r = (sb.cmd(["sleep", "60"]) | sb.cmd(["cat"]) | sb.cmd(["sleep", "60"])).run(timeout=0.5)
+    assert time.monotonic() - t0 < 5
+    assert all(s.reason == ExitReason.TIMEOUT for s in r.stages)
+
+
+def test_cli_pipe():
+    r = subprocess.run([sys.executable, "-m", "sandlock", "pipe", "--", "echo", "hello", ":::",
+                        "--", "tr", "a-z", "A-Z"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "HELLO\n", r.stderr
+    r = subprocess.run([sys.executable, "-m", "sandlock", "pipe", "-t", "0.5", "--", "sleep",
+                        "30", ":::", "--", "cat"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 124
