@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml scripts/setup-system
 	./scripts/setup-system
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat  # a .pth path entry: no import hook at every start
 	touch $@
 
 helper: $(HELPER)

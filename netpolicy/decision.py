@@ -14,25 +14,31 @@ address explicitly (which the previous step already accepted).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
 from .endpoint import EndpointRule, IPAddress, parse_endpoint
 
-_SPECIAL_NETS = tuple(ipaddress.ip_network(n) for n in (
+_SPECIAL = (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
     "172.16.0.0/12", "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4",
     "240.0.0.0/4", "255.255.255.255/32",
     "::/128", "::1/128", "::/96", "64:ff9b::/96", "64:ff9b:1::/48", "2001::/32",
     "2002::/16", "fc00::/7", "fe80::/10", "ff00::/8", "fd00:ec2::254/128",
-))
+)
+
+
+@functools.cache
+def _special_nets():
+    return tuple(ipaddress.ip_network(n) for n in _SPECIAL)
 
 
 def is_special(address: IPAddress) -> bool:
     """Loopback, private, link-local (incl. cloud metadata), CGNAT, multicast, unspecified,
     or an IPv6 transition form that embeds an IPv4 address (NAT64, 6to4, Teredo, ::a.b.c.d).
     Decided by table, not by ipaddress.is_global (wrong for 64:ff9b::/96 in Python 3.11)."""
-    return any(address.version == n.version and address in n for n in _SPECIAL_NETS)
+    return any(address.version == n.version and address in n for n in _special_nets())
 
 
 @dataclass(frozen=True)

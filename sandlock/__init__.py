@@ -5,15 +5,33 @@
 """
 
 from .errors import KernelFeatureError, PolicyError, SandboxError, SandlockError
-from .policy import system_denied, system_devices, system_readable
-from .result import ExitReason, Result
-from .sandbox import (BranchAction, Process, Sandbox, StdioMode, confine,
-                      landlock_abi_version)
 
 __version__ = "0.1.0"
 
+# The rest is imported on first use, so that `sandlock check`, `sandlock audit` and programs
+# that only need the errors do not pay for the whole package at start-up.
+_LAZY = {
+    "Sandbox": "sandbox", "Process": "sandbox", "StdioMode": "sandbox",
+    "BranchAction": "sandbox", "confine": "sandbox", "landlock_abi_version": "sandbox",
+    "Result": "result", "ExitReason": "result",
+    "system_readable": "policy", "system_devices": "policy", "system_denied": "policy",
+    "Stage": "pipeline", "Pipeline": "pipeline",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sandlock' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
-    "Sandbox", "Process", "Result", "ExitReason", "StdioMode", "BranchAction",
-    "confine", "landlock_abi_version", "system_readable", "system_devices", "system_denied",
-    "SandlockError", "PolicyError", "KernelFeatureError", "SandboxError", "__version__",
+    "Sandbox", "Process", "Result", "ExitReason", "StdioMode", "BranchAction", "Stage",
+    "Pipeline", "confine", "landlock_abi_version", "system_readable", "system_devices",
+    "system_denied", "SandlockError", "PolicyError", "KernelFeatureError", "SandboxError",
+    "__version__",
 ]

@@ -63,14 +63,39 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="run even if the kernel lacks features; lists what is lost")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; with `only`, just that subcommand (argparse set-up is a noticeable
+    part of every start, and a run needs only its own options)."""
     parser = argparse.ArgumentParser(
         prog="sandlock", description="Run commands in a lightweight unprivileged sandbox.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a command in a sandbox",
-                         usage="sandlock run [options] -- COMMAND [ARG...]")
-    _add_run_policy_args(run)
-    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    wanted = (lambda name: only is None or only == name)
+    if wanted("run"):
+        run = sub.add_parser("run", help="run a command in a sandbox",
+                             usage="sandlock run [options] -- COMMAND [ARG...]")
+        _add_run_policy_args(run)
+        run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    if wanted("net-run"):
+        _add_net_run(sub)
+    if wanted("pipe"):
+        _add_pipe(sub)
+    if wanted("policy"):
+        pol = sub.add_parser("policy", help="policy files")
+        pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+        pol_check = pol_sub.add_parser("check", help="validate a policy and print its rules")
+        pol_check.add_argument("file")
+    if wanted("audit"):
+        audit = sub.add_parser("audit", help="summarise an audit log")
+        audit.add_argument("file")
+        audit.add_argument("--top", type=int, default=10)
+    if wanted("check"):
+        check = sub.add_parser("check", help="report what this kernel supports")
+        check.add_argument("--allow-degraded", action="store_true",
+                           help="succeed when Landlock is present even if features are missing")
+    return parser
+
+
+def _add_net_run(sub) -> None:
     net = sub.add_parser(
         "net-run", help="run an agent tool under a network policy",
         usage="sandlock net-run [--policy F] [--allow SPEC] [--deny SPEC] [--audit FILE] "
@@ -80,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                     "network as the policy says, every denial in the audit log.")
     _add_run_policy_args(net)
     net.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+
+def _add_pipe(sub) -> None:
     pipe = sub.add_parser(
         "pipe", help="run a pipeline whose stages have their own policies",
         usage="sandlock pipe [-t SECONDS] [stage options] -- CMD... ::: [stage options] -- CMD...",
@@ -88,17 +116,6 @@ def _parser() -> argparse.ArgumentParser:
                     "N+1's stdin through a kernel pipe. -t/--timeout (first stage's) bounds the "
                     "whole pipeline. Exit status: the last stage's.")
     pipe.add_argument("stages", nargs=argparse.REMAINDER)
-    pol = sub.add_parser("policy", help="policy files")
-    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
-    pol_check = pol_sub.add_parser("check", help="validate a policy and print its rules")
-    pol_check.add_argument("file")
-    audit = sub.add_parser("audit", help="summarise an audit log")
-    audit.add_argument("file")
-    audit.add_argument("--top", type=int, default=10)
-    check = sub.add_parser("check", help="report what this kernel supports")
-    check.add_argument("--allow-degraded", action="store_true",
-                       help="succeed when Landlock is present even if features are missing")
-    return parser
 
 
 NET_RUN_SECRETS = ("~/.ssh", "~/.aws", "~/.config/gcloud", "~/.netrc", "~/.gnupg",
@@ -246,7 +263,7 @@ def _net_run_summary(sb) -> None:
 def _pipe(tokens: list[str]) -> int:
     from .errors import SandlockError
     from .pipeline import Pipeline
-    parser = _parser()
+    parser = _parser("run")
     segments, current = [], []
     for token in tokens:
         if token == ":::":
@@ -346,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pipe"] and not set(argv[1:2]) & {"-h", "--help"}:
         return _pipe(argv[1:])  # stages carry `run` options, parsed stage by stage
-    args = _parser().parse_args(argv)
+    first = argv[0] if argv else None
+    known = ("run", "net-run", "pipe", "policy", "audit", "check")
+    args = _parser(first if first in known else None).parse_args(argv)
     if args.command in ("run", "net-run"):
         return _run(args, net_run=args.command == "net-run")
     if args.command == "policy":

@@ -6,7 +6,6 @@ Nothing here touches kernel state; it only reads the filesystem to resolve paths
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ def system_devices() -> list[str]:
 
 
 def system_denied() -> list[str]:
+    import glob
     return sorted(p for pattern in SYSTEM_DENIED_GLOBS for p in glob.glob(pattern))
 
 

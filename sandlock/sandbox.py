@@ -10,7 +10,6 @@ import enum
 import errno
 import os
 import selectors
-import shutil
 import signal
 import threading
 import time
@@ -275,7 +274,11 @@ def _environment(policy: Policy) -> dict[bytes, bytes]:
 def _find_executable(name: str, path: str, cwd: str | None) -> str | None:
     if "/" in name:
         return name if os.path.isabs(name) or cwd is None else os.path.join(cwd, name)
-    return shutil.which(name, path=path)
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 def _stdio(stdin, stdout, stderr):
