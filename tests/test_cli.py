@@ -74,3 +74,11 @@ def test_check_reports_features():
     assert r.returncode == 1 and "missing:" in r.stdout
     r = cli("check", "--allow-degraded", env=dict(os.environ, SANDLOCK_TEST_LANDLOCK_ABI="2"))
     assert r.returncode == 0 and "usable with --allow-degraded" in r.stdout
+
+
+def test_start_path_imports_neither_mitmproxy_nor_dns():
+    code = ("import sys, sandlock.cli\nrc = sandlock.cli.main(['run', '--', 'true'])\n"
+            "print(rc, sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('mitmproxy', 'dns', 'h11', 'yaml')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "0 []", r.stderr
