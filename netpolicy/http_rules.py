@@ -1,0 +1,193 @@
+"""HTTP rules: `"METHOD host/path"` and the structured YAML form, and deciding on a request.
+
+Pure code over plain values (no sockets). The request handed to `HttpPolicy.decide` must
+already be normalised (see `netpolicy.http_path`): the decision is taken on exactly the
+strings that will be forwarded.
+
+Grammar: method `*` or a token (matched case-insensitively against the policy, but a
+request's method is taken as sent: `get` is not `GET`); host `*`, a name, `*.example.com`
+(strict subdomains) or `**.example.com` (the domain too); path exact, or a prefix when it
+ends in `*`; no path = `/*`. Structured form (YAML):
+
+    - methods: [GET, HEAD]
+      host: api.github.com
+      path: /repos/*            # or `path_prefix:` / `path_exact:`
+      query: {per_page: "100"}  # optional: each listed parameter must have this value
+      headers: {accept: application/json}   # optional, names case-insensitive
+
+Deny rules are checked first; with allow rules present a request passes only if one matches.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .endpoint import EndpointError, canonical_hostname
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+class HttpRuleError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class HttpRule:
+    spec: str
+    methods: frozenset[str] | None        # upper-case names; None = any method
+    host: str | None                      # None = any host
+    wildcard: str | None = None           # None, "sub" or "deep"
+    path: str = "/"
+    prefix: bool = True
+    query: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[str, str], ...] = field(default=())
+
+    def matches(self, method: str, host: str, path: str, query: dict[str, list[str]],
+                headers: dict[str, list[str]]) -> bool:
+        if self.methods is not None and method not in self.methods:
+            return False
+        if self.host is not None:
+            if self.wildcard is None and host != self.host:
+                return False
+            if self.wildcard is not None and not (
+                    host.endswith("." + self.host)
+                    or (self.wildcard == "deep" and host == self.host)):
+                return False
+        if self.prefix:
+            if not path.startswith(self.path):
+                return False
+        elif path != self.path:
+            return False
+        for k, v in self.query:
+            if v not in query.get(k, ()):
+                return False
+        for k, v in self.headers:
+            if v not in headers.get(k, ()):
+                return False
+        return True
+
+
+def _host(text: str, spec: str) -> tuple[str | None, str | None]:
+    if text == "*":
+        return None, None
+    for prefix, kind in (("**.", "deep"), ("*.", "sub")):
+        if text.startswith(prefix):
+            try:
+                domain = canonical_hostname(text[len(prefix):], spec)
+            except EndpointError as e:
+                raise HttpRuleError(str(e)) from None
+            if "." not in domain:
+                raise HttpRuleError(f"{spec!r}: a wildcard must cover a domain with at least "
+                                    f"two labels")
+            return domain, kind
+    if "*" in text:
+        raise HttpRuleError(f"{spec!r}: '*' is allowed only as a whole leading label")
+    try:
+        return canonical_hostname(text, spec), None
+    except EndpointError as e:
+        raise HttpRuleError(str(e)) from None
+
+
+def _path(text: str, spec: str) -> tuple[str, bool]:
+    if not text.startswith("/"):
+        raise HttpRuleError(f"{spec!r}: the path must start with '/'")
+    prefix = text.endswith("*")
+    path = text[:-1] if prefix else text
+    if "*" in path:
+        raise HttpRuleError(f"{spec!r}: '*' is allowed only at the end of the path")
+    from .http_path import PathError, normalize_path
+    try:
+        normalized = normalize_path(path or "/")
+    except PathError as e:
+        raise HttpRuleError(f"{spec!r}: {e}") from None
+    if normalized != path and not (prefix and normalized == path.rstrip("/")):
+        raise HttpRuleError(f"{spec!r}: write the path in normalised form ({normalized!r})")
+    return path, prefix
+
+
+def _methods(values, spec) -> frozenset[str] | None:
+    out = set()
+    for m in values:
+        if m == "*":
+            return None
+        if not isinstance(m, str) or not _TOKEN.match(m):
+            raise HttpRuleError(f"{spec!r}: {m!r} is not an HTTP method")
+        out.add(m.upper())
+    return frozenset(out)
+
+
+def parse_http_rule(rule) -> HttpRule:
+    """A rule from its string form or its structured (mapping) form."""
+    if isinstance(rule, str):
+        spec = rule
+        parts = rule.split()
+        if len(parts) != 2:
+            raise HttpRuleError(f"{spec!r}: expected 'METHOD host/path', e.g. "
+                                f"'GET api.github.com/repos/*'")
+        method, target = parts
+        host_text, slash, path_text = target.partition("/")
+        host, wildcard = _host(host_text, spec)
+        path, prefix = _path("/" + path_text if slash else "/*", spec)
+        return HttpRule(spec, _methods([method], spec), host, wildcard, path, prefix)
+    if not isinstance(rule, dict):
+        raise HttpRuleError(f"{rule!r}: an HTTP rule is a string or a mapping")
+    spec = repr(rule)
+    unknown = set(rule) - {"methods", "host", "path", "path_prefix", "path_exact", "query",
+                           "headers"}
+    if unknown:
+        raise HttpRuleError(f"{spec}: unknown key(s) {', '.join(sorted(unknown))}")
+    paths = [k for k in ("path", "path_prefix", "path_exact") if k in rule]
+    if len(paths) > 1:
+        raise HttpRuleError(f"{spec}: give one of path, path_prefix, path_exact")
+    methods = rule.get("methods", ["*"])
+    if isinstance(methods, str):
+        methods = [methods]
+    host, wildcard = _host(str(rule.get("host", "*")), spec)
+    if paths and paths[0] == "path_prefix":
+        path, prefix = _path(str(rule["path_prefix"]).rstrip("*") + "*", spec)
+    elif paths and paths[0] == "path_exact":
+        path, prefix = _path(str(rule["path_exact"]), spec)
+        if prefix:
+            raise HttpRuleError(f"{spec}: path_exact cannot end in '*'")
+    else:
+        path, prefix = _path(str(rule.get("path", "/*")), spec)
+    conditions = []
+    for key in ("query", "headers"):
+        value = rule.get(key, {})
+        if not isinstance(value, dict):
+            raise HttpRuleError(f"{spec}: {key} must be a mapping of names to values")
+        conditions.append(tuple(sorted(
+            ((k.lower() if key == "headers" else str(k)), str(v)) for k, v in value.items())))
+    return HttpRule(spec, _methods(methods, spec), host, wildcard, path, prefix,
+                    conditions[0], conditions[1])
+
+
+@dataclass(frozen=True)
+class HttpVerdict:
+    allowed: bool
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HttpPolicy:
+    allow: tuple[HttpRule, ...] = ()
+    deny: tuple[HttpRule, ...] = ()
+
+    @classmethod
+    def from_rules(cls, allow=(), deny=()) -> "HttpPolicy":
+        return cls(tuple(parse_http_rule(r) for r in allow),
+                   tuple(parse_http_rule(r) for r in deny))
+
+    def decide(self, method: str, host: str, path: str, query=None, headers=None) -> HttpVerdict:
+        query, headers = query or {}, headers or {}
+        for rule in self.deny:
+            if rule.matches(method, host, path, query, headers):
+                return HttpVerdict(False, rule.spec, f"denied by {rule.spec}")
+        if not self.allow:
+            return HttpVerdict(True, "default:allow", "no allow rules")
+        for rule in self.allow:
+            if rule.matches(method, host, path, query, headers):
+                return HttpVerdict(True, rule.spec, "allowed")
+        return HttpVerdict(False, "default:deny", f"no rule allows {method} {host}{path}")
