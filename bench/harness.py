@@ -17,8 +17,9 @@ UPSTREAM_VERSION = "0.9.0"
 
 
 def ensure_setup():
-    """Run setup_upstream.sh (idempotent) if the upstream venv or bwrap is missing."""
-    if not UPSTREAM_PY.exists() or shutil.which("bwrap") is None:
+    """Run setup_upstream.sh (idempotent) if the upstream venv, bwrap or redis is missing."""
+    tools = ("bwrap", "redis-server", "redis-benchmark")
+    if not UPSTREAM_PY.exists() or any(shutil.which(t) is None for t in tools):
         subprocess.run(["bash", str(BENCH / "setup_upstream.sh")], check=True)
 
 
@@ -43,12 +44,38 @@ class Worker:
         self.proc.wait(timeout=10)
 
 
-def stats(ns):
-    """Latency statistics in milliseconds from a list of nanosecond samples."""
-    ms = sorted(x / 1e6 for x in ns)
-    p99 = ms[max(0, math.ceil(0.99 * len(ms)) - 1)]  # nearest rank
-    return {"n": len(ms), "median": statistics.median(ms), "p99": p99,
-            "mean": statistics.fmean(ms), "min": ms[0], "max": ms[-1]}
+def start_workers():
+    """The three peer interpreters: ours (imports our sandlock), upstream (imports
+    upstream's) and plain (our venv too, but its ops never import sandlock)."""
+    return {"ours": Worker(OURS_PY), "upstream": Worker(UPSTREAM_PY), "plain": Worker(OURS_PY)}
+
+
+def check_imports(workers):
+    """Fail unless each worker imported the sandlock it should; returns what they said."""
+    ours = workers["ours"].ask({"op": "info"})
+    if not ours["file"].startswith(str(ROOT / "sandlock")):
+        raise RuntimeError(f"ours worker imported the wrong sandlock: {ours}")
+    up = workers["upstream"].ask({"op": "info"})
+    if up["version"] != UPSTREAM_VERSION:
+        raise RuntimeError(f"upstream worker imported the wrong sandlock: {up}")
+    return {"ours": ours, "upstream": up}
+
+
+def rotations(peers, rounds):
+    """The peer order of each round: every peer once, the first one rotating from round
+    to round so no peer always follows the same one."""
+    for i in range(rounds):
+        k = i % len(peers)
+        yield peers[k:] + peers[:k]
+
+
+def stats(ns, unit=1e6):
+    """Latency statistics from a list of nanosecond samples, in milliseconds (unit=1e6)
+    or microseconds (unit=1e3)."""
+    v = sorted(x / unit for x in ns)
+    p99 = v[max(0, math.ceil(0.99 * len(v)) - 1)]  # nearest rank
+    return {"n": len(v), "median": statistics.median(v), "p99": p99,
+            "mean": statistics.fmean(v), "min": v[0], "max": v[-1]}
 
 
 def verdict(ratio, peer):

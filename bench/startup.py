@@ -11,8 +11,9 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from harness import (OURS_PY, ROOT, UPSTREAM_PY, UPSTREAM_VENV, UPSTREAM_VERSION, WORKER,
-                     Worker, ensure_setup, stats, verdict)
+from harness import (ROOT, UPSTREAM_PY, UPSTREAM_VENV, UPSTREAM_VERSION, WORKER, check_imports,
+                     ensure_setup, rotations, start_workers, stats,
+                     verdict)
 
 NAME = "startup"
 POLICY = {"fs_readable": ["/usr", "/lib", "/lib64", "/bin", "/etc"]}
@@ -65,16 +66,6 @@ def _known_unavailable():
     return {}
 
 
-def _check_imports(workers):
-    ours = workers["ours"].ask({"op": "info"})
-    if not ours["file"].startswith(str(ROOT / "sandlock")):
-        raise RuntimeError(f"ours worker imported the wrong sandlock: {ours}")
-    up = workers["upstream"].ask({"op": "info"})
-    if up["version"] != UPSTREAM_VERSION:
-        raise RuntimeError(f"upstream worker imported the wrong sandlock: {up}")
-    return {"ours": ours, "upstream": up}
-
-
 def _bench_workload(workers, argv, runs, warmup, log):
     def once(peer, verifying=False):
         r = workers[peer.worker].ask({"op": peer.op, "argv": argv, "policy": POLICY,
@@ -102,9 +93,8 @@ def _bench_workload(workers, argv, runs, warmup, log):
         for peer in active:
             once(peer)
     samples = {peer.name: [] for peer in active}
-    for i in range(runs):
-        k = i % len(active)  # rotate the first peer each round against order bias
-        for peer in active[k:] + active[:k]:
+    for i, order in enumerate(rotations(active, runs)):
+        for peer in order:
             samples[peer.name].append(once(peer)["ns"])
         if (i + 1) % 50 == 0:
             log(f"  {i + 1}/{runs} rounds")
@@ -114,12 +104,13 @@ def _bench_workload(workers, argv, runs, warmup, log):
     return {"argv": argv, "stats": st, "ratios": ratios, "unavailable": unavailable}
 
 
-def run(runs=200, warmup=20, log=lambda s: print(s, file=sys.stderr)):
-    workers = {"ours": Worker(OURS_PY), "upstream": Worker(UPSTREAM_PY),
-               "plain": Worker(OURS_PY)}
+def run(runs=200, warmup=20, quick=False, log=lambda s: print(s, file=sys.stderr)):
+    if quick:
+        runs = 30
+    workers = start_workers()
     try:
         result = {"name": NAME, "runs": runs, "warmup": warmup, "policy": POLICY,
-                  "imports": _check_imports(workers),
+                  "imports": check_imports(workers),
                   "peers": {p.name: p.about for p in PEERS}, "workloads": {}}
         for name, argv in WORKLOADS.items():
             log(f"startup: {name} ({' '.join(argv)})")

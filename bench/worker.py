@@ -7,8 +7,12 @@ one JSON object per line on stdin, one JSON reply per line on stdout:
     {"op": "api_run", "argv": ["/bin/true"], "policy": {"fs_readable": [...]}}
     -> {"ns": 1234567, "ok": true, "err": null}
 
-Ops: api_run, subprocess_run, cli_run (needs "cli": the command prefix), bwrap_run,
-info. Only api_run imports `sandlock`, i.e. whichever one this interpreter finds.
+Timed ops: api_run, subprocess_run, cli_run (needs "cli": the command prefix), bwrap_run;
+with "capture": true the reply also has "out", the command's stdout as text. Untimed:
+info (with "policy": also whether our connect() is supervised under it); api_popen and
+subprocess_popen start a long-lived command with stdio on /dev/null and reply
+{"ok": true, "pid": ...}; stop {"pid": ...} kills and reaps it. Only info and the api_*
+ops import `sandlock`, i.e. whichever one this interpreter finds.
 
 Run as `worker.py run [--no-system] [-r PATH]... -- CMD...` it is instead a minimal
 `sandlock run` for an interpreter whose sandlock has no CLI of its own (upstream's
@@ -23,6 +27,7 @@ import sys
 import time
 
 _sandboxes = {}
+_procs = {}  # pid -> a process started by api_popen / subprocess_popen
 
 
 def _sandbox(policy):
@@ -79,12 +84,39 @@ OPS = {
 }
 
 
+def _popen(req):
+    if req["op"] == "api_popen":
+        from sandlock import StdioMode  # ours and upstream's alike
+        null = StdioMode.NULL
+        proc = _sandbox(req["policy"]).popen(req["argv"], stdin=null, stdout=null, stderr=null)
+    else:
+        dn = subprocess.DEVNULL
+        proc = subprocess.Popen(req["argv"], stdin=dn, stdout=dn, stderr=dn)
+    _procs[proc.pid] = proc
+    return {"ok": True, "pid": proc.pid}
+
+
+def _stop(req):
+    proc = _procs.pop(req["pid"])
+    with proc:  # every Process/Popen here reaps its child (and frees its fds) on exit
+        proc.kill()
+    return {"ok": True}
+
+
 def handle(req):
     if req["op"] == "info":
         import sandlock
-        return {"ok": True, "version": sandlock.__version__, "file": sandlock.__file__,
-                "python": sys.version.split()[0]}
+        reply = {"ok": True, "version": sandlock.__version__, "file": sandlock.__file__,
+                 "python": sys.version.split()[0]}
+        if "policy" in req:  # ours: does connect() reach the supervisor under this policy?
+            compiled = getattr(_sandbox(req["policy"]), "policy", None)
+            reply["net_supervised"] = getattr(compiled, "net_supervised", None)
+        return reply
     try:
+        if req["op"] in ("api_popen", "subprocess_popen"):
+            return _popen(req)
+        if req["op"] == "stop":
+            return _stop(req)
         call, check = OPS[req["op"]](req)
         t0 = time.perf_counter_ns()
         result = call()
@@ -92,7 +124,10 @@ def handle(req):
         err = check(result)
     except Exception as e:  # reported, not fatal: the harness decides
         return {"ns": None, "ok": False, "err": f"{type(e).__name__}: {e}"}
-    return {"ns": ns, "ok": err is None, "err": err}
+    reply = {"ns": ns, "ok": err is None, "err": err}
+    if req.get("capture"):
+        reply["out"] = (result.stdout or b"").decode(errors="replace")
+    return reply
 
 
 def serve():
