@@ -16,6 +16,7 @@ type that ignores destination addresses).
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import struct
@@ -88,14 +89,13 @@ def parse_sockaddr(raw: bytes) -> Destination:
         if len(raw) < 16:
             raise Denied(errno.EINVAL, "short sockaddr_in")
         port = struct.unpack_from("!H", raw, 2)[0]
-        return Destination(family, raw, canonical_address(socket.inet_ntop(AF_INET, raw[4:8])),
-                           port)
+        return Destination(family, raw, ipaddress.IPv4Address(raw[4:8]), port)
     if family == AF_INET6:
         if len(raw) < 24:
             raise Denied(errno.EINVAL, "short sockaddr_in6")
         port = struct.unpack_from("!H", raw, 2)[0]
-        addr = canonical_address(socket.inet_ntop(AF_INET6, raw[8:24]))
-        return Destination(family, raw, addr, port)
+        return Destination(family, raw, canonical_address(ipaddress.IPv6Address(raw[8:24])),
+                           port)
     if family == AF_UNIX:
         path = raw[2:]
         if path[:1] == b"\0":
