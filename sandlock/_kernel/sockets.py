@@ -45,9 +45,12 @@ def getsockopt_int(fd: int, level: int, opt: int) -> int:
 
 
 def socket_info(fd: int) -> tuple[int, int, int]:
-    """(domain, type, protocol) of the socket behind `fd`; OSError(ENOTSOCK) otherwise."""
-    return (getsockopt_int(fd, SOL_SOCKET, SO_DOMAIN), getsockopt_int(fd, SOL_SOCKET, SO_TYPE),
-            getsockopt_int(fd, SOL_SOCKET, SO_PROTOCOL))
+    """(domain, type, protocol) of the socket behind `fd`; OSError(ENOTSOCK) otherwise.
+    The protocol is read only for datagram sockets (UDP vs ICMP); streams report 0."""
+    domain = getsockopt_int(fd, SOL_SOCKET, SO_DOMAIN)
+    stype = getsockopt_int(fd, SOL_SOCKET, SO_TYPE)
+    proto = getsockopt_int(fd, SOL_SOCKET, SO_PROTOCOL) if stype == 2 else 0
+    return domain, stype, proto
 
 
 def connect(fd: int, addr: bytes) -> None:

@@ -225,17 +225,16 @@ def connect(req: Request, session):
         os.close(fd)
         raise
     if domain == AF_UNIX:
-        return _connect_unix(req, session, fd, dest)
+        return _connect_unix(req, session, fd, dest, stype)
     if dest.family == AF_UNSPEC:  # dissolving a UDP association
-        return _run(fd, False, lambda: _connect(fd, dest.raw))
+        return _connect_action(fd, dest.raw, stype)
     if dest.family not in (AF_INET, AF_INET6):
         os.close(fd)
         raise Denied(errno.EAFNOSUPPORT, "address family does not match the socket")
     protocol = _protocol(domain, stype, proto)
-    blocking = _blocking(fd)
     if net.is_dns(dest):
         if protocol == "tcp":
-            return _run(fd, blocking, lambda: _redirect_dns(req, session, fd, domain))
+            return _run(fd, _blocking(fd), lambda: _redirect_dns(req, session, fd, domain))
         os.close(fd)
         _deny(req, session, "connect", "connected UDP DNS cannot be filtered per query; "
               "resolvers use TCP in sandboxes (RES_OPTIONS=use-vc)", errno.EPERM,
@@ -245,13 +244,12 @@ def connect(req: Request, session):
     except BaseException:
         os.close(fd)
         raise
-    if not req.still_valid():
-        os.close(fd)
-        raise Denied(errno.ESRCH, "the calling task is gone")
-    return _run(fd, blocking, lambda: _connect(fd, dest.raw))
+    # No ID_VALID check is needed before acting: the socket came from a pidfd (race-free),
+    # so even if the caller died and its pid was reused, only its own orphaned socket moves.
+    return _connect_action(fd, dest.raw, stype)
 
 
-def _connect_unix(req, session, fd, dest):
+def _connect_unix(req, session, fd, dest, stype):
     try:
         if dest.family != AF_UNIX:
             raise Denied(errno.EINVAL, "address family does not match the socket")
@@ -268,7 +266,7 @@ def _connect_unix(req, session, fd, dest):
     except BaseException:
         os.close(fd)
         raise
-    return _run(fd, _blocking(fd), lambda: _connect(fd, _proc_fd_sockaddr(target)), target)
+    return _connect_action(fd, _proc_fd_sockaddr(target), stype, target)
 
 
 def _connect(fd: int, raw: bytes) -> int:
@@ -305,6 +303,49 @@ def _socket_info(fd: int):
         return sockets.socket_info(fd)
     except OSError as e:
         raise Denied(e.errno or errno.ENOTSOCK, "not a socket") from None
+
+
+def _connect_action(fd: int, raw: bytes, stype: int, *closers):
+    """Connect our duplicate as the child asked. Datagram connects never block. A blocking
+    stream socket is tried without blocking first (O_NONBLOCK is set only around our own
+    connect() call: the in-progress handshake continues regardless), so a connect that
+    completes at once (loopback, a near peer) is answered here; otherwise a worker waits
+    for it to finish, as the child's blocking connect() would have."""
+    if stype != SOCK_STREAM or not _blocking(fd):
+        return _run(fd, False, lambda: _connect(fd, raw), *closers)
+    import fcntl
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    try:
+        sockets.connect(fd, raw)
+        err = 0
+    except OSError as e:
+        err = e.errno
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    if err != errno.EINPROGRESS:
+        return _run(fd, False, lambda: _raise_or_zero(err), *closers)
+    if _writable(fd, 0.001):
+        return _run(fd, False, lambda: _raise_or_zero(_so_error(fd)), *closers)
+    return _run(fd, True, lambda: (_writable(fd, None), _raise_or_zero(_so_error(fd)))[1],
+                *closers)
+
+
+def _writable(fd: int, timeout: float | None) -> bool:
+    import select
+    p = select.poll()
+    p.register(fd, select.POLLOUT)
+    return bool(p.poll(None if timeout is None else timeout * 1000))
+
+
+def _so_error(fd: int) -> int:
+    return sockets.getsockopt_int(fd, socket.SOL_SOCKET, socket.SO_ERROR)
+
+
+def _raise_or_zero(err: int) -> int:
+    if err:
+        raise OSError(err, os.strerror(err))
+    return 0
 
 
 # --- sends -----------------------------------------------------------------------------------
