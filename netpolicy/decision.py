@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .endpoint import EndpointRule, IPAddress, parse_endpoint
 
@@ -41,6 +41,30 @@ def is_special(address: IPAddress) -> bool:
     return any(address.version == n.version and address in n for n in _special_nets())
 
 
+def embedded_ipv4(address: IPAddress) -> tuple:
+    """IPv4 addresses carried inside an IPv6 one (NAT64, 6to4, IPv4-compatible), so that a
+    deny rule on an IPv4 range also covers its IPv6 spellings."""
+    if address.version != 6:
+        return ()
+    n = int(address)
+    if address in _NAT64 or (n >> 32) == 0:
+        return (ipaddress.IPv4Address(n & 0xFFFFFFFF),)
+    if address in _6TO4:
+        return (ipaddress.IPv4Address((n >> 80) & 0xFFFFFFFF),)
+    return ()
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_6TO4 = ipaddress.ip_network("2002::/16")
+
+
+def _every_protocol(rule: EndpointRule) -> EndpointRule:
+    """A deny rule without a scheme covers TCP, UDP and ICMP alike."""
+    if "://" in rule.spec:
+        return rule
+    return replace(rule, protocols=frozenset({"tcp", "udp", "icmp"}))
+
+
 @dataclass(frozen=True)
 class Verdict:
     allowed: bool
@@ -56,7 +80,7 @@ class EndpointPolicy:
 
     @classmethod
     def from_specs(cls, allow=(), deny=(), allow_private: bool = False) -> "EndpointPolicy":
-        deny_rules = tuple(parse_endpoint(s) for s in deny)
+        deny_rules = tuple(_every_protocol(parse_endpoint(s)) for s in deny)
         for rule in deny_rules:
             if rule.host is not None:
                 raise ValueError(f"net_deny {rule.spec!r}: deny rules take addresses or CIDRs, "
@@ -83,8 +107,9 @@ class EndpointPolicy:
 
     def decide(self, protocol: str, address: IPAddress, port: int,
                names: tuple[str, ...] = ()) -> Verdict:
+        candidates = (address,) + embedded_ipv4(address)
         for rule in self.deny:
-            if rule.matches(protocol, address, port):
+            if any(rule.matches(protocol, a, port) for a in candidates):
                 return Verdict(False, rule.spec, f"net_deny {rule.spec} matches {address}")
         for rule in self.allow:
             if rule.host is None and rule.matches(protocol, address, port):

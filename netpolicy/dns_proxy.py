@@ -11,11 +11,14 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 from .dns import answer_query
 
-IDLE_TIMEOUT = 10.0
+IDLE_TIMEOUT = 10.0      # per connection, in total: a slow client cannot hold a thread
 MAX_QUERY = 4096
+MAX_CONNECTIONS = 64     # served at once, across all sandboxes
+EXPECT_TTL = 10.0        # a registered client that never connects is forgotten
 
 
 class DnsContext:
@@ -32,14 +35,18 @@ class DnsTcpProxy:
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(128)
         self.address = self._sock.getsockname()
-        self._clients: dict[tuple[str, int], DnsContext] = {}
+        self._clients: dict[tuple[str, int], tuple[DnsContext, float]] = {}
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         threading.Thread(target=self._accept_loop, name="sandlock-dns", daemon=True).start()
 
     def expect(self, client: tuple[str, int], ctx: DnsContext) -> None:
         """Answer connections from `client` (host, port) with `ctx`."""
+        now = time.monotonic()
         with self._lock:
-            self._clients[client] = ctx
+            for key in [k for k, (_, t) in self._clients.items() if now - t > EXPECT_TTL]:
+                del self._clients[key]
+            self._clients[client] = (ctx, now)
 
     def _accept_loop(self) -> None:
         while True:
@@ -48,23 +55,23 @@ class DnsTcpProxy:
             except OSError:
                 return
             with self._lock:
-                ctx = self._clients.pop(peer[:2], None)
-            if ctx is None:  # nobody we redirected: not ours to answer
-                conn.close()
+                entry = self._clients.pop(peer[:2], None)
+            if entry is None or not self._slots.acquire(blocking=False):
+                conn.close()  # nobody we redirected, or too many at once
                 continue
-            threading.Thread(target=self._serve, args=(conn, ctx), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, entry[0]), daemon=True).start()
 
     def _serve(self, conn: socket.socket, ctx: DnsContext) -> None:
-        conn.settimeout(IDLE_TIMEOUT)
+        deadline = time.monotonic() + IDLE_TIMEOUT
         try:
             while True:
-                head = _recv_exact(conn, 2)
+                head = _recv_exact(conn, 2, deadline)
                 if head is None:
                     return
                 (length,) = struct.unpack("!H", head)
                 if not 12 <= length <= MAX_QUERY:
                     return
-                wire = _recv_exact(conn, length)
+                wire = _recv_exact(conn, length, deadline)
                 if wire is None:
                     return
                 try:
@@ -79,11 +86,16 @@ class DnsTcpProxy:
             return
         finally:
             conn.close()
+            self._slots.release()
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+def _recv_exact(conn: socket.socket, n: int, deadline: float) -> bytes | None:
     buf = b""
     while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        conn.settimeout(left)
         chunk = conn.recv(n - len(buf))
         if not chunk:
             return None

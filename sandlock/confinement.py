@@ -31,11 +31,14 @@ class Confinement:
     degradations: tuple[str, ...]
 
 
-def _build_ruleset(policy: Policy, abi: int) -> landlock.LandlockRuleset | None:
+def _build_ruleset(policy: Policy, abi: int,
+                   network: bool = True) -> landlock.LandlockRuleset | None:
+    """`network=False` (confine()) leaves TCP unhandled: without the seccomp filter and the
+    supervisor, Landlock's port rules alone would look stricter than they are."""
     if abi < 1:
         return None
     handled_net = 0
-    if abi >= 4:
+    if abi >= 4 and network:
         if not policy.tcp_connect.any_port:
             handled_net |= landlock.NET_CONNECT_TCP
         if not policy.tcp_bind.any_port:

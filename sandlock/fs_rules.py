@@ -70,7 +70,9 @@ def add_path_rules(ruleset: ll.LandlockRuleset, rules: dict[str, int]) -> None:
     (they can only lose access, never gain it)."""
     for path, rights in rules.items():
         try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            # O_NOFOLLOW: the policy's own paths are canonical, and an expanded sibling
+            # swapped for a symlink since the scan must not carry its grant elsewhere.
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             continue
         try:

@@ -198,12 +198,13 @@ def _unix_grants(values) -> tuple[str, ...]:
         values = [values]
     out = []
     for v in values:
-        if v == "*":
-            out.append("*")
-            continue
         p = os.fsdecode(v)
+        if p == "*" or (p.startswith("@") and len(p) > 1):  # any, or an abstract name
+            out.append(p)
+            continue
         if not os.path.isabs(p):
-            raise PolicyError(f"net_allow_unix: {p!r} must be an absolute path (or '*')")
+            raise PolicyError(f"net_allow_unix: {p!r} must be an absolute path, an abstract "
+                              f"name '@name', or '*'")
         out.append(os.path.realpath(p))
     return tuple(out)
 
@@ -241,6 +242,13 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     readable = _paths("fs_readable", fields.get("fs_readable"), must_exist=True)
     writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
     denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
+    if os.geteuid() == 0:
+        # Started as root, the sandbox is uid 0 without capabilities: it still owns
+        # /etc/shadow & co. Those stay denied whenever a grant covers them.
+        from .fs_rules import is_beneath
+        grants = readable + writable
+        denied += tuple(d for d in system_denied() if d not in denied
+                        and any(is_beneath(d, g) and d != g for g in grants))
     for d in denied:
         for g in readable + writable:
             if g == d or g.startswith(d.rstrip("/") + "/"):

@@ -500,19 +500,26 @@ def landlock_abi_version() -> int:
 
 
 def confine(sandbox: Sandbox) -> None:
-    """Apply `sandbox`'s filesystem and TCP policy to the calling process, irreversibly.
+    """Apply `sandbox`'s filesystem policy (and Landlock's IPC scopes) to the calling
+    process, irreversibly. Network rules need the supervisor of run()/popen() and are
+    refused here rather than half-applied.
 
     Landlock confines the calling thread and the threads and processes it creates later,
     so this refuses to run in a process that already has more than one thread.
     """
+    from ._kernel import caps
+    from .features import check, detect
+    policy = sandbox.policy
+    if policy.endpoints.allow or policy.endpoints.deny or policy.tcp_bind.ports \
+            or policy.unix_allow:
+        raise PolicyError("confine() applies the filesystem policy only; network rules need "
+                          "the supervisor of Sandbox.run()/popen()")
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise SandlockError(f"confine() needs a single-threaded process (this one has "
                             f"{threads} threads): call it before starting threads")
-    from ._kernel import caps
-    from .features import check, detect
     check(sandbox.allow_degraded)
-    ruleset = _confinement._build_ruleset(sandbox.policy, detect().landlock_abi)
+    ruleset = _confinement._build_ruleset(policy, detect().landlock_abi, network=False)
     if ruleset is None:
         return
     try:

@@ -21,7 +21,7 @@ import tempfile
 # Kernel-numbered syscalls that libseccomp 2.5.4 does not know by name (x86-64).
 _NEWER_SYSCALLS = {
     "mount_setattr": 442, "quotactl_fd": 443, "fchmodat2": 452, "setxattrat": 463,
-    "removexattrat": 466, "open_tree_attr": 467,
+    "removexattrat": 466, "open_tree_attr": 467, "file_setattr": 469,
 }
 
 DEFAULT_DENY = (
@@ -35,6 +35,8 @@ DEFAULT_DENY = (
     "reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog",
     "open_by_handle_at", "name_to_handle_at", "lookup_dcookie", "uselib",
     "iopl", "ioperm", "vhangup", "fanotify_init",
+    # Inode attributes (FS_IOC_SETFLAGS & co. are refused below as ioctls): not in Landlock.
+    "file_setattr",
     # Mounts, roots and namespaces.
     "mount", "umount2", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
     "open_tree", "open_tree_attr", "mount_setattr", "pivot_root", "chroot", "unshare", "setns",
@@ -67,6 +69,13 @@ NOTIFY_SYSCALLS = (
 
 _CLONE_NAMESPACE_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000,
                           0x10000000, 0x20000000, 0x40000000)
+_MSG_FASTOPEN = 0x20000000
+# FS_IOC_SETFLAGS (and its 32-bit twin), FS_IOC_FSSETXATTR, FS_IOC_ENABLE_VERITY.
+_INODE_FLAG_IOCTLS = (0x40086602, 0x40046602, 0x401C5820, 0x40806685)
+# (level, optname): IP_OPTIONS; IPV6_2292HOPOPTS/DSTOPTS/RTHDR/PKTOPTIONS, IPV6_NEXTHOP,
+# IPV6_HOPOPTS, IPV6_RTHDRDSTOPTS, IPV6_RTHDR, IPV6_DSTOPTS.
+_ROUTING_SOCKOPTS = ((0, 4), (41, 3), (41, 4), (41, 5), (41, 6), (41, 9), (41, 54), (41, 55),
+                     (41, 57), (41, 59))
 _CLONE_FILES = 0x00000400
 _CLONE_THREAD = 0x00010000
 _TIOCSTI = 0x5412
@@ -180,8 +189,23 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for flag in _CLONE_NAMESPACE_FLAGS:
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
-    for cmd in (_TIOCSTI, _TIOCLINUX):
+    for cmd in (_TIOCSTI, _TIOCLINUX) + _INODE_FLAG_IOCTLS:
         f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, _LOW32, cmd))
+    # Calls that take another process's pid and need no ptrace right (so neither Landlock
+    # nor the scopes see them): only the caller itself (0) may be named. prlimit on the
+    # parent could otherwise kill the supervisor (RLIMIT_CPU) and orphan the sandbox.
+    f.add_rule(eperm, "prlimit64", sc.Arg(0, sc.NE, 0))
+    for name, arg in (("setpriority", 1), ("ioprio_set", 1), ("sched_setaffinity", 0),
+                      ("sched_setscheduler", 0), ("sched_setparam", 0), ("sched_setattr", 0)):
+        f.add_rule(eperm, name, sc.Arg(arg, sc.NE, 0))
+    # ... and never "every process of this user" (PRIO_USER, IOPRIO_WHO_USER).
+    f.add_rule(eperm, "setpriority", sc.Arg(0, sc.MASKED_EQ, _LOW32, 2))
+    f.add_rule(eperm, "ioprio_set", sc.Arg(0, sc.MASKED_EQ, _LOW32, 3))
+    # Source routing: an IPv6 routing header (or IPv4 options) would carry checked traffic
+    # on to an address nobody checked.
+    for level, opt in _ROUTING_SOCKOPTS:
+        f.add_rule(eperm, "setsockopt", sc.Arg(1, sc.MASKED_EQ, _LOW32, level),
+                   sc.Arg(2, sc.MASKED_EQ, _LOW32, opt))
     # personality: a dangerous flag set and bit 31 clear (bit 31 set = the 0xffffffff query).
     for flag in _PERSONALITY_FLAGS:
         f.add_rule(eperm, "personality", sc.Arg(0, sc.MASKED_EQ, flag | 1 << 31, flag))
@@ -191,11 +215,17 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     # supervisor.network) to know when the kernel's re-read of an fd cannot differ.
     f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_FILES | _CLONE_THREAD,
                                       _CLONE_FILES))
+    if supervised:
+        f.add_rule(sc.NOTIFY, "listen")  # listen() on an unbound socket binds a port
     if supervised and net_supervised:
         f.add_rule(sc.NOTIFY, "connect")
         f.add_rule(sc.NOTIFY, "sendto", sc.Arg(4, sc.NE, 0))  # NULL address: stays in kernel
         f.add_rule(sc.NOTIFY, "sendmsg")
         f.add_rule(sc.NOTIFY, "sendmmsg")
+    else:
+        # TCP Fast Open connects inside sendto/sendmsg, past Landlock's connect hook.
+        for name, arg in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
+            f.add_rule(eperm, name, sc.Arg(arg, sc.MASKED_EQ, _MSG_FASTOPEN, _MSG_FASTOPEN))
     _add_socket_rules(f, sc, eperm, deny_inet, udp and supervised and net_supervised,
                       icmp and supervised and net_supervised)
     with tempfile.TemporaryFile() as tmp:

@@ -153,8 +153,13 @@ own = "\\0" + sys.argv[1] + "-inner"
 a = socket.socket(socket.AF_UNIX); a.bind(own); a.listen(1)
 b = socket.socket(socket.AF_UNIX); b.connect(own); print("inner-ok")
 """
-    r = run_py(sandbox(), code, name[1:])
+    # Supervised (the default): abstract names are reachable only when granted by name.
+    inner = "@" + name[1:] + "-inner"
+    r = run_py(sandbox(net_allow_unix=[inner]), code, name[1:])
+    assert r.stdout.split() == [b"1", b"inner-ok"], r.stderr
+    # Unsupervised (unix sockets waived, TCP by Landlock): the kernel's scope still holds.
+    r = run_py(sandbox(net_allow_unix=["*"], net_allow=["tcp://:1"]), code, name[1:])
+    assert r.stdout.split() == [b"1", b"inner-ok"], r.stderr
     t.join()
     srv.close()
-    assert r.stdout.split() == [b"1", b"inner-ok"], r.stderr
     assert accepted == []

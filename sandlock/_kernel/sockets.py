@@ -63,6 +63,10 @@ def bind(fd: int, addr: bytes) -> None:
     _check(libc.bind(fd, buf, ctypes.c_uint32(len(addr))))
 
 
+def listen(fd: int, backlog: int) -> None:
+    _check(libc.listen(fd, backlog))
+
+
 def shutdown(fd: int) -> None:
     """shutdown(SHUT_RDWR); errors ignored (the socket may already be closed by its peer)."""
     libc.shutdown(fd, 2)

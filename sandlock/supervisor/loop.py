@@ -36,6 +36,8 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
 
 
 PENDING_CHECK = 0.2  # seconds between checks for deferred calls whose caller is gone
+MAX_DEFERRED_PER_SANDBOX = 32
+WORKERS = 128
 
 
 class Session:
@@ -49,6 +51,7 @@ class Session:
         self.net = net  # NetState when the network handlers are in use
         self.denials: list[dict] = []
         self.denied_count = 0
+        self.deferred = 0  # on-behalf calls in progress on worker threads
         self.released = threading.Event()
 
     def record_denial(self, req: Request, syscall: str, err: int, reason: str) -> None:
@@ -103,18 +106,31 @@ class Supervisor:
             if self._pending:
                 self._abort_orphans()
             for fd, ev in events:
-                with self._lock:
-                    session = self._sessions.get(fd)
-                if session is None:
-                    continue
-                if ev & select.EPOLLIN:
-                    try:
-                        seccomp.notif_recv(fd, notif)
-                    except OSError:
-                        continue  # the task died between poll and recv (ENOENT)
-                    self._answer(fd, session, notif)
-                elif ev & (select.EPOLLHUP | select.EPOLLERR):
-                    self._drop(fd)
+                try:
+                    self._handle_event(fd, ev, notif)
+                except Exception as e:  # the loop must outlive any single failure
+                    print(f"sandlock: supervisor: {e!r}", file=sys.stderr)
+
+    def _handle_event(self, fd: int, ev: int, notif) -> None:
+        with self._lock:
+            session = self._sessions.get(fd)
+        if session is None:
+            return
+        if ev & select.EPOLLIN:
+            try:
+                seccomp.notif_recv(fd, notif)
+            except OSError:
+                return  # the task died between poll and recv (ENOENT)
+            try:
+                self._answer(fd, session, notif)
+            except Exception:  # received means answered: deny rather than leave it waiting
+                try:
+                    seccomp.notif_send(fd, notif.id, 0, -errno.EPERM)
+                except OSError:
+                    pass
+                raise
+        elif ev & (select.EPOLLHUP | select.EPOLLERR):
+            self._drop(fd)
 
     def _act_as(self, session: Session) -> None:
         """Give this thread the sandbox's effective capabilities (none, unless kept)."""
@@ -138,17 +154,41 @@ class Supervisor:
             self._act_as(session)
             return handler(req, session)
         result = self._complete(req, session, name, run)
+        if isinstance(result, Defer) and session.deferred >= MAX_DEFERRED_PER_SANDBOX:
+            # One sandbox may not occupy every worker: past its quota, it waits its turn
+            # by retrying (EAGAIN) rather than starving the others.
+            self._discard(result)
+            result = ("error", errno.EAGAIN)
         if isinstance(result, Defer):
             # A blocking on-behalf call: finish it on a worker thread, with the same rules.
             # Worker threads keep the supervisor's full capabilities only as *permitted*:
             # they drop the effective set first, like this thread does.
             entry = (listener, req.id, result.guard)
-            if result.guard is not None:
-                with self._pending_lock:
+            with self._pending_lock:
+                session.deferred += 1
+                if result.guard is not None:
                     self._pending.add(entry)
-            self._pool().submit(self._finish_deferred, req, session, name, result.fn, entry)
+            try:
+                self._pool().submit(self._finish_deferred, req, session, name, result.fn,
+                                    entry)
+            except Exception:  # no worker could be started: deny, never hang
+                with self._pending_lock:
+                    session.deferred -= 1
+                    self._pending.discard(entry)
+                self._discard(result)
+                self._send(req, ("error", errno.EAGAIN))
             return
         self._send(req, result)
+
+    @staticmethod
+    def _discard(deferred) -> None:
+        """Release what a Defer holds (its guard's fd) without running the call."""
+        if deferred.guard is not None:
+            deferred.guard.finish()
+            try:
+                os.close(deferred.guard.fd)
+            except OSError:
+                pass
 
     def _finish_deferred(self, req, session, name, fn, entry) -> None:
         def run():
@@ -158,6 +198,7 @@ class Supervisor:
             self._send(req, self._complete(req, session, name, run))
         finally:
             with self._pending_lock:
+                session.deferred -= 1
                 self._pending.discard(entry)
 
     def _abort_orphans(self) -> None:
@@ -209,7 +250,7 @@ class Supervisor:
     def _pool(self):
         if self._workers is None:
             from concurrent.futures import ThreadPoolExecutor
-            self._workers = ThreadPoolExecutor(max_workers=64,
+            self._workers = ThreadPoolExecutor(max_workers=WORKERS,
                                                thread_name_prefix="sandlock-onbehalf")
         return self._workers
 

@@ -71,14 +71,23 @@ def _at_flags(req: Request, i: int, allowed: int) -> int:
 
 # --- chmod family --------------------------------------------------------------------------
 
+def _mode(fd: int, mode: int) -> int:
+    """The mode to set; setuid/setgid on a file is refused: a sandbox started as root could
+    otherwise plant a root-owned setuid binary for someone outside to run."""
+    mode &= 0o7777
+    if mode & 0o6000 and not stat.S_ISDIR(os.fstat(fd).st_mode):
+        raise Denied(errno.EPERM, "setuid/setgid bits are never set from a sandbox")
+    return mode
+
+
 def chmod(req, session):
     fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=True)
-    return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, req.args[1] & 0o7777))
+    return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, _mode(t, req.args[1])))
 
 
 def fchmodat(req, session):
     fd = _path_target(req, req.arg_int(0), 1, 0, follow=True)
-    return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, req.args[2] & 0o7777))
+    return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, _mode(t, req.args[2])))
 
 
 def fchmodat2(req, session):
@@ -86,12 +95,12 @@ def fchmodat2(req, session):
     nofollow = flags & AT_SYMLINK_NOFOLLOW
     fd = _path_target(req, req.arg_int(0), 1, flags, follow=not nofollow)
     return _run(req, session, fd,
-                lambda t: fileops.fchmod_fd(t, req.args[2] & 0o7777, nofollow))
+                lambda t: fileops.fchmod_fd(t, _mode(t, req.args[2]), nofollow))
 
 
 def fchmod(req, session):
     fd = req.dup_fd(req.arg_int(0))
-    return _run(req, session, fd, lambda t: os.fchmod(t, req.args[1] & 0o7777))
+    return _run(req, session, fd, lambda t: os.fchmod(t, _mode(t, req.args[1])))
 
 
 # --- chown family --------------------------------------------------------------------------

@@ -82,6 +82,8 @@ class Destination:
 
 
 def parse_sockaddr(raw: bytes) -> Destination:
+    """Parse a copied sockaddr. Unspecified addresses are decided as the loopback address the
+    kernel turns them into (0.0.0.0 -> 127.0.0.1, :: -> ::1)."""
     if len(raw) < 2:
         raise Denied(errno.EINVAL, "short socket address")
     family = struct.unpack_from("<H", raw)[0]
@@ -89,12 +91,13 @@ def parse_sockaddr(raw: bytes) -> Destination:
         if len(raw) < 16:
             raise Denied(errno.EINVAL, "short sockaddr_in")
         port = struct.unpack_from("!H", raw, 2)[0]
-        return Destination(family, raw, ipaddress.IPv4Address(raw[4:8]), port)
+        return Destination(family, raw, _as_connected(ipaddress.IPv4Address(raw[4:8])), port)
     if family == AF_INET6:
         if len(raw) < 24:
             raise Denied(errno.EINVAL, "short sockaddr_in6")
         port = struct.unpack_from("!H", raw, 2)[0]
-        return Destination(family, raw, canonical_address(ipaddress.IPv6Address(raw[8:24])),
+        return Destination(family, raw,
+                           _as_connected(canonical_address(ipaddress.IPv6Address(raw[8:24]))),
                            port)
     if family == AF_UNIX:
         path = raw[2:]
@@ -104,6 +107,12 @@ def parse_sockaddr(raw: bytes) -> Destination:
     if family in (AF_UNSPEC, AF_NETLINK):
         return Destination(family, raw)  # no destination policy: passed through as is
     raise Denied(errno.EAFNOSUPPORT, f"address family {family}")
+
+
+def _as_connected(address):
+    if address.is_unspecified:
+        return ipaddress.ip_address("127.0.0.1" if address.version == 4 else "::1")
+    return address
 
 
 def _single_threaded(pid: int) -> bool:
@@ -134,7 +143,7 @@ def _protocol(domain: int, stype: int, proto: int) -> str:
 def _deny(req, session, syscall, reason, err=errno.EACCES, **dest):
     """Record a network denial (audit log first, then the session) and refuse."""
     net = session.net
-    if net.audit is not None:
+    if net is not None and net.audit is not None:
         net.audit.record(decision="deny", sandbox=session.name, pid=req.pid,
                          argv=_argv(req.pid), syscall=syscall,
                          errno=errno.errorcode.get(err, err), reason=reason, **dest)
@@ -254,19 +263,24 @@ def _connect_unix(req, session, fd, dest, stype):
         if dest.family != AF_UNIX:
             raise Denied(errno.EINVAL, "address family does not match the socket")
         if dest.path is None:
-            # Abstract: Landlock's scope decides in the kernel, but only if the kernel's
-            # re-read sees the same socket; with other threads the fd could be swapped.
-            if _single_threaded(req.pid):
-                os.close(fd)
-                return CONTINUE
-            _deny(req, session, "connect", "abstract unix connect from a multi-threaded "
-                  "process cannot be checked safely", errno.EPERM, protocol="unix",
-                  rule="default:unix")
+            # Abstract names: never CONTINUE (another process sharing the memory could turn
+            # the name into a path before the kernel re-reads it), and an on-behalf connect
+            # is outside Landlock's scope, so only names the policy grants are reachable.
+            _abstract_granted(req, session, "connect", dest)
+            return _connect_action(fd, dest.raw, stype)
         target = _unix_target(req, session, "connect", dest)
     except BaseException:
         os.close(fd)
         raise
     return _connect_action(fd, _proc_fd_sockaddr(target), stype, target)
+
+
+def _abstract_granted(req, session, syscall, dest) -> None:
+    name = "@" + dest.raw[3:].split(b"\0", 1)[0].decode("latin-1")
+    grants = session.net.unix_allow
+    if "*" not in grants and name not in grants:
+        _deny(req, session, syscall, f"abstract unix socket {name} is not in net_allow_unix",
+              errno.EPERM, protocol="unix", path=name, rule="default:unix")
 
 
 def _connect(fd: int, raw: bytes) -> int:
@@ -306,46 +320,11 @@ def _socket_info(fd: int):
 
 
 def _connect_action(fd: int, raw: bytes, stype: int, *closers):
-    """Connect our duplicate as the child asked. Datagram connects never block. A blocking
-    stream socket is tried without blocking first (O_NONBLOCK is set only around our own
-    connect() call: the in-progress handshake continues regardless), so a connect that
-    completes at once (loopback, a near peer) is answered here; otherwise a worker waits
-    for it to finish, as the child's blocking connect() would have."""
-    if stype != SOCK_STREAM or not _blocking(fd):
-        return _run(fd, False, lambda: _connect(fd, raw), *closers)
-    import fcntl
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-    try:
-        sockets.connect(fd, raw)
-        err = 0
-    except OSError as e:
-        err = e.errno
-    finally:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
-    if err != errno.EINPROGRESS:
-        return _run(fd, False, lambda: _raise_or_zero(err), *closers)
-    if _writable(fd, 0.001):
-        return _run(fd, False, lambda: _raise_or_zero(_so_error(fd)), *closers)
-    return _run(fd, True, lambda: (_writable(fd, None), _raise_or_zero(_so_error(fd)))[1],
-                *closers)
-
-
-def _writable(fd: int, timeout: float | None) -> bool:
-    import select
-    p = select.poll()
-    p.register(fd, select.POLLOUT)
-    return bool(p.poll(None if timeout is None else timeout * 1000))
-
-
-def _so_error(fd: int) -> int:
-    return sockets.getsockopt_int(fd, socket.SOL_SOCKET, socket.SO_ERROR)
-
-
-def _raise_or_zero(err: int) -> int:
-    if err:
-        raise OSError(err, os.strerror(err))
-    return 0
+    """Connect our duplicate as the child asked. Datagram connects never block and are
+    answered here; every stream connect finishes on a worker: whether the socket blocks is
+    a flag the sandbox can flip at any moment (it is shared through the open file), so the
+    supervisor thread itself never calls a connect() that could wait on the network."""
+    return _run(fd, stype != SOCK_DGRAM, lambda: _connect(fd, raw), *closers)
 
 
 # --- sends -----------------------------------------------------------------------------------
@@ -435,13 +414,33 @@ def _check_message(req, session, syscall, domain, stype, proto, flags, msg, fd, 
             name = None
         return name, _translate_control(req, msg.control, opened)
     if dest is None or dest.family == AF_UNSPEC:
-        return None, msg.control  # to the connected peer, checked at connect
+        return None, _inet_control(msg.control)  # to the connected peer, checked at connect
     protocol = _protocol(domain, stype, proto)
     if protocol == "udp" and session.net.is_dns(dest):
         _check_dns_datagram(req, session, syscall, dest, b"".join(msg.buffers))
     else:
         _inet_verdict(req, session, syscall, protocol, dest)
-    return dest.raw, msg.control
+    return dest.raw, _inet_control(msg.control)
+
+
+# Control messages an inet send may carry: ones that set a field of this packet, none that
+# changes where it goes (routing headers, next hop, IP options would carry it on).
+_INET_CMSGS = {(socket.SOL_IP, 1), (socket.SOL_IP, 2), (socket.SOL_IP, 8),     # TOS TTL PKTINFO
+               (41, 50), (41, 52), (41, 67),      # IPV6_PKTINFO, IPV6_HOPLIMIT, IPV6_TCLASS
+               (socket.SOL_UDP, 103)}              # UDP_SEGMENT
+
+
+def _inet_control(control: bytes) -> bytes:
+    off = 0
+    while off + 16 <= len(control):
+        length, level, ctype = struct.unpack_from("<Qii", control, off)
+        if length < 16 or off + length > len(control):
+            raise Denied(errno.EINVAL, "malformed control message")
+        if (level, ctype) not in _INET_CMSGS:
+            raise Denied(errno.EPERM, f"control message ({level}, {ctype}) is not allowed on "
+                         f"a sandbox's behalf")
+        off += (length + 7) & ~7
+    return control
 
 
 def _check_dns_datagram(req, session, syscall, dest, payload):
@@ -473,6 +472,12 @@ def _send_one(req, session, syscall, fd, domain, stype, proto, flags, msg, opene
     return sockets.sendmsg(fd, name, msg.buffers, control, flags)
 
 
+def _inline(flags: int) -> int:
+    """Flags for a send performed on the supervisor thread: it must never wait, whatever
+    the shared O_NONBLOCK flag says by the time the kernel looks at it."""
+    return flags | socket.MSG_DONTWAIT
+
+
 _FLAGS_ARG = {"sendto": 3, "sendmsg": 2, "sendmmsg": 3}
 
 
@@ -492,13 +497,13 @@ def _send_common(req, session, syscall, msgs_fn):
 
     guard = Guard(fd)
 
-    def action():
+    def action(send_flags=flags):
         try:
             results = []
             for m in messages:
                 try:
                     results.append(_send_one(req, session, syscall, fd, domain, stype, proto,
-                                             flags, m, opened))
+                                             send_flags, m, opened))
                 except OSError:
                     if not results:
                         raise
@@ -525,7 +530,9 @@ def sendto(req: Request, session):
     if res is CONTINUE:
         return res
     domain, stype, flags, fd, action, guard = res
-    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0], guard)
+    if _may_block(session, fd, stype, flags):
+        return Defer(lambda: action()[0], guard)
+    return action(_inline(flags))[0]
 
 
 def sendmsg(req: Request, session):
@@ -534,7 +541,9 @@ def sendmsg(req: Request, session):
     if res is CONTINUE:
         return res
     domain, stype, flags, fd, action, guard = res
-    return _finish(_may_block(session, fd, stype, flags), lambda: action()[0], guard)
+    if _may_block(session, fd, stype, flags):
+        return Defer(lambda: action()[0], guard)
+    return action(_inline(flags))[0]
 
 
 def sendmmsg(req: Request, session):
@@ -547,25 +556,41 @@ def sendmmsg(req: Request, session):
     domain, stype, flags, fd, action, guard = res
     blocking = _may_block(session, fd, stype, flags)
 
-    def finish():
+    def finish(send_flags=flags):
         from .._kernel.memory import write_memory
-        sent = action()
+        sent = action(send_flags)
         for i, n in enumerate(sent):  # msg_len, as the kernel would have stored it
             write_memory(req.pid, base + 64 * i + 56, struct.pack("<I", n))
         return len(sent)
-    return _finish(blocking, finish, guard)
-
-
-def _finish(blocking, fn, guard):
-    return Defer(fn, guard) if blocking else fn()
+    return Defer(finish, guard) if blocking else finish(_inline(flags))
 
 
 def _may_block(session, fd, stype, flags) -> bool:
-    """A blocking socket, or a datagram that may be DNS (checked with our own resolution,
-    which waits on the network): finish on a worker thread."""
-    if stype == SOCK_DGRAM and session.net.dns_enabled:
+    """A blocking socket, a Fast Open send (a connect), or a datagram that may be DNS
+    (checked with our own resolution, which waits on the network): finish on a worker."""
+    if stype == SOCK_DGRAM and session.net.dns_enabled or flags & MSG_FASTOPEN:
         return True
     return _blocking(fd) and not flags & socket.MSG_DONTWAIT
 
 
-HANDLERS = {"connect": connect, "sendto": sendto, "sendmsg": sendmsg, "sendmmsg": sendmmsg}
+def listen(req: Request, session):
+    """listen() on an unbound inet socket binds an ephemeral port without passing Landlock's
+    bind check: refused unless the policy lets the sandbox bind port 0."""
+    fd = req.dup_fd(req.arg_int(0))
+    try:
+        domain, stype, _ = _socket_info(fd)
+        if domain in (AF_INET, AF_INET6) and stype == SOCK_STREAM:
+            port = struct.unpack_from("!H", sockets.getsockname(fd), 2)[0]
+            bind = session.policy.tcp_bind
+            if port == 0 and not (bind.any_port or 0 in bind.ports):
+                raise Denied(errno.EACCES, "listen() on an unbound socket would bind an "
+                             "ephemeral port; allow net_allow_bind=[0] or bind() first")
+    except BaseException:
+        os.close(fd)
+        raise
+    backlog = req.arg_int(1)
+    return _run(fd, False, lambda: (sockets.listen(fd, backlog), 0)[1])
+
+
+HANDLERS = {"connect": connect, "sendto": sendto, "sendmsg": sendmsg, "sendmmsg": sendmmsg,
+            "listen": listen}

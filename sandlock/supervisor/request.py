@@ -77,6 +77,13 @@ class Request:
                 if e.errno not in (errno.EINVAL, errno.ENOENT):  # ENOENT: not a leader
                     raise
                 self._pidfd = pidfd.pidfd_open(_thread_group(self.pid))
+            # The pid was a number until now: if the caller died and the number was reused,
+            # the notification is no longer valid. Checked after opening, the pidfd then
+            # pins the right process for every later use.
+            if not self.still_valid():
+                os.close(self._pidfd)
+                self._pidfd = -1
+                raise Denied(errno.ESRCH, "the calling task is gone")
         return self._pidfd
 
     def dup_fd(self, child_fd: int) -> int:
@@ -96,6 +103,9 @@ class Request:
         to sandboxes), so absolute paths resolve identically.
         """
         oflags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+        for own in (b"/proc/self/", b"/proc/thread-self/"):  # the caller's, not ours
+            if path.startswith(own):
+                path = b"/proc/%d/" % self.pid + path[len(own):]
         if not path:
             if not at_flags & AT_EMPTY_PATH:
                 raise Denied(errno.ENOENT, "empty path")
