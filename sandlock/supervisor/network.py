@@ -242,8 +242,8 @@ def connect(req: Request, session):
         raise Denied(errno.EAFNOSUPPORT, "address family does not match the socket")
     protocol = _protocol(domain, stype, proto)
     if net.is_dns(dest):
-        if protocol == "tcp":
-            return _run(fd, _blocking(fd), lambda: _redirect_dns(req, session, fd, domain))
+        if protocol == "tcp":  # a worker: even a local connect can wait on a full backlog
+            return _run(fd, True, lambda: _redirect_dns(req, session, fd, domain))
         os.close(fd)
         _deny(req, session, "connect", "connected UDP DNS cannot be filtered per query; "
               "resolvers use TCP in sandboxes (RES_OPTIONS=use-vc)", errno.EPERM,
