@@ -7,7 +7,6 @@ builds its kernel objects once, on first use; every run after that reuses them.
 from __future__ import annotations
 
 import enum
-import errno
 import os
 import selectors
 import signal
@@ -18,7 +17,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import confinement as _confinement
 from . import launch, syscall_filter
-from ._kernel import landlock
 from .errors import PolicyError, SandlockError
 from .policy import Policy, build_policy
 from .result import ExitReason, Result

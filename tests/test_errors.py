@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from sandlock import KernelFeatureError, PolicyError, Sandbox
-from conftest import sandbox
+from sandlock import PolicyError, Sandbox
 
 SANDLOCK = [sys.executable, "-m", "sandlock"]
 

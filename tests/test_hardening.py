@@ -1,6 +1,5 @@
 """Attacks found in review, each with the side effect checked and a positive control."""
 
-import json
 import os
 import socket
 import threading
@@ -9,7 +8,7 @@ import time
 import pytest
 
 from sandlock import PolicyError, Sandbox, confine  # noqa: F401
-from conftest import IS_ROOT, PY, TcpServer, connect_in, free_port, run_py, sandbox
+from conftest import IS_ROOT, TcpServer, connect_in, free_port, run_py, sandbox
 
 
 def _unix_server(path):

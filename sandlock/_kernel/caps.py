@@ -1,8 +1,9 @@
-"""Capabilities and privilege bits: capget/capset and the prctl() calls that bound them.
+"""Capabilities: capget/capset (per thread), prctl, and the capability names.
 
-A sandbox started by root must hold no capability in any set (effective, permitted,
-inheritable, ambient, bounding) unless the policy keeps it by name. NO_NEW_PRIVS makes
-sure setuid binaries and file capabilities cannot add any back at exec.
+The sandbox drops its capabilities in the exec trampoline (sandlock/_libexec); this module
+serves the parent: detecting what it holds, and giving each supervisor thread the
+sandbox's effective set, so that what it does on the sandbox's behalf is no more privileged
+than the sandbox itself.
 """
 
 import ctypes
@@ -10,20 +11,6 @@ import ctypes
 from .syscall import NR_CAPGET, NR_CAPSET, NR_PRCTL, syscall, syscall_errno
 
 PR_SET_NO_NEW_PRIVS = 38
-PR_CAPBSET_DROP = 24
-PR_SET_SECUREBITS = 28
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_RAISE = 2
-PR_CAP_AMBIENT_CLEAR_ALL = 4
-
-# Securebits: root gets no capabilities at exec and uid changes do not restore them; locked.
-SECBIT_NOROOT = 1 << 0
-SECBIT_NOROOT_LOCKED = 1 << 1
-SECBIT_NO_SETUID_FIXUP = 1 << 2
-SECBIT_NO_SETUID_FIXUP_LOCKED = 1 << 3
-SECBIT_KEEP_CAPS_LOCKED = 1 << 5
-SANDBOX_SECUREBITS = (SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP
-                      | SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED)
 
 _CAP_VERSION_3 = 0x20080522
 
@@ -58,7 +45,7 @@ class _CapData(ctypes.Structure):
 
 
 class CapSets:
-    """effective/permitted/inheritable as 64-bit masks, ready for capset in a child."""
+    """effective/permitted/inheritable as 64-bit masks, in capset's layout."""
 
     def __init__(self, effective: int, permitted: int, inheritable: int):
         self.header = _CapHeader(_CAP_VERSION_3, 0)

@@ -1,8 +1,8 @@
-"""pidfd_open, pidfd_getfd and pidfd_send_signal: race-free handles on processes."""
+"""pidfd_open and pidfd_getfd: handles on processes that a reused pid cannot redirect."""
 
 import ctypes
 
-from .syscall import NR_PIDFD_GETFD, NR_PIDFD_OPEN, NR_PIDFD_SEND_SIGNAL, syscall
+from .syscall import NR_PIDFD_GETFD, NR_PIDFD_OPEN, syscall
 
 def pidfd_open(pid: int, flags: int = 0) -> int:
     return syscall(NR_PIDFD_OPEN, ctypes.c_int(pid), ctypes.c_uint(flags))
@@ -15,6 +15,3 @@ def pidfd_getfd(pidfd: int, targetfd: int) -> int:
     """
     return syscall(NR_PIDFD_GETFD, ctypes.c_int(pidfd), ctypes.c_int(targetfd), ctypes.c_uint(0))
 
-
-def pidfd_send_signal(pidfd: int, sig: int) -> None:
-    syscall(NR_PIDFD_SEND_SIGNAL, ctypes.c_int(pidfd), ctypes.c_int(sig), None, ctypes.c_uint(0))

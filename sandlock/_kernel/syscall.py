@@ -15,9 +15,7 @@ _syscall.restype = ctypes.c_long
 
 # x86-64 syscall numbers used by this package (asm/unistd_64.h).
 NR_SECCOMP = 317
-NR_PIDFD_SEND_SIGNAL = 424
 NR_PIDFD_OPEN = 434
-NR_CLOSE_RANGE = 436
 NR_PIDFD_GETFD = 438
 NR_LANDLOCK_CREATE_RULESET = 444
 NR_LANDLOCK_ADD_RULE = 445
@@ -40,14 +38,10 @@ def syscall(nr: int, *args) -> int:
 
 
 def syscall_errno(nr: int, *args) -> int:
-    """Like `syscall` but returns -errno instead of raising (for the post-fork child)."""
+    """Like `syscall` but returns -errno instead of raising (callers that report errors
+    themselves)."""
     ret = _syscall(ctypes.c_long(nr), *args)
     if ret < 0:
         return -ctypes.get_errno()
     return ret
 
-
-def close_range_cloexec(first: int) -> int:
-    """Mark every fd >= first close-on-exec (close_range, CLOSE_RANGE_CLOEXEC); -errno on error."""
-    return syscall_errno(NR_CLOSE_RANGE, ctypes.c_uint(first), ctypes.c_uint(0xFFFFFFFF),
-                         ctypes.c_uint(1 << 2))
