@@ -517,6 +517,18 @@ def _send_common(req, session, syscall, msgs_fn):
     return domain, stype, flags, fd, action, guard
 
 
+def _send(req: Request, session, syscall: str, messages, finish=lambda sent: sent[0]):
+    """Common to the three sends: check every message, send the checked copies, and turn
+    the per-message counts into the syscall's result with `finish`."""
+    res = _send_common(req, session, syscall, messages)
+    if res is CONTINUE:
+        return res
+    domain, stype, flags, fd, action, guard = res
+    if _may_block(session, fd, stype, flags):
+        return Defer(lambda: finish(action(flags)), guard)
+    return finish(action(_inline(flags)))
+
+
 def sendto(req: Request, session):
     """Reaches us only with a destination address (the filter passes NULL-address sends)."""
     def messages():
@@ -526,51 +538,24 @@ def sendto(req: Request, session):
         if not 2 <= addrlen <= 128:
             raise Denied(errno.EINVAL, "bad address length")
         return [Message(parse_sockaddr(req.read_bytes(req.args[4], addrlen)), [data], b"")]
-    res = _send_common(req, session, "sendto", messages)
-    if res is CONTINUE:
-        return res
-    domain, stype, flags, fd, action, guard = res
-    if _may_block(session, fd, stype, flags):
-        return Defer(lambda: action()[0], guard)
-    return action(_inline(flags))[0]
+    return _send(req, session, "sendto", messages)
 
 
 def sendmsg(req: Request, session):
-    res = _send_common(req, session, "sendmsg",
-                       lambda: [_read_msghdr(req, req.args[1])])
-    if res is CONTINUE:
-        return res
-    domain, stype, flags, fd, action, guard = res
-    if _may_block(session, fd, stype, flags):
-        return Defer(lambda: action()[0], guard)
-    return action(_inline(flags))[0]
+    return _send(req, session, "sendmsg", lambda: [_read_msghdr(req, req.args[1])])
 
 
 def sendmmsg(req: Request, session):
     vlen = min(req.args[2] & 0xFFFFFFFF, MAX_MMSG)
     base = req.args[1]
-    res = _send_common(req, session, "sendmmsg",
-                       lambda: [_read_msghdr(req, base + 64 * i) for i in range(vlen)])
-    if res is CONTINUE:
-        return res
-    domain, stype, flags, fd, action, guard = res
-    blocking = _may_block(session, fd, stype, flags)
 
-    def finish(send_flags=flags):
+    def finish(sent):
         from .._kernel.memory import write_memory
-        sent = action(send_flags)
         for i, n in enumerate(sent):  # msg_len, as the kernel would have stored it
             write_memory(req.pid, base + 64 * i + 56, struct.pack("<I", n))
         return len(sent)
-    return Defer(finish, guard) if blocking else finish(_inline(flags))
-
-
-def _may_block(session, fd, stype, flags) -> bool:
-    """A blocking socket, a Fast Open send (a connect), or a datagram that may be DNS
-    (checked with our own resolution, which waits on the network): finish on a worker."""
-    if stype == SOCK_DGRAM and session.net.dns_enabled or flags & MSG_FASTOPEN:
-        return True
-    return _blocking(fd) and not flags & socket.MSG_DONTWAIT
+    return _send(req, session, "sendmmsg",
+                 lambda: [_read_msghdr(req, base + 64 * i) for i in range(vlen)], finish)
 
 
 def listen(req: Request, session):
