@@ -517,6 +517,14 @@ def _send_common(req, session, syscall, msgs_fn):
     return domain, stype, flags, fd, action, guard
 
 
+def _may_block(session, fd, stype, flags) -> bool:
+    """A blocking socket, a Fast Open send (a connect), or a datagram that may be DNS
+    (checked with our own resolution, which waits on the network): finish on a worker."""
+    if stype == SOCK_DGRAM and session.net.dns_enabled or flags & MSG_FASTOPEN:
+        return True
+    return _blocking(fd) and not flags & socket.MSG_DONTWAIT
+
+
 def _send(req: Request, session, syscall: str, messages, finish=lambda sent: sent[0]):
     """Common to the three sends: check every message, send the checked copies, and turn
     the per-message counts into the syscall's result with `finish`."""
