@@ -183,6 +183,9 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    # A binary tree over syscall numbers: every syscall of the sandbox pays O(log n)
+    # comparisons instead of walking the whole rule list (libseccomp >= 2.5).
+    f.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
     eperm = sc.ERRNO(errno.EPERM)
     for name in sorted(deny):
         f.add_rule(eperm, syscall_number(name))
