@@ -73,6 +73,7 @@ class Supervisor:
         self._privileged = base.mask("permitted") != 0
         self._current_effective = None
         self._workers = None
+        self._thread_state = threading.local()
         self._pending: set = set()  # (listener, notif id, Guard) of deferred calls
         self._pending_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="sandlock-supervisor",
@@ -210,12 +211,16 @@ class Supervisor:
                 guard.abort()
 
     def _drop_thread_caps(self, session: Session) -> None:
+        """A worker's effective set becomes the sandbox's (remembered per thread)."""
         if self._privileged:
             want = session.policy.keep_caps & self._base_caps.mask("permitted")
+            if getattr(self._thread_state, "effective", None) == want:
+                return
             sets = caps.CapSets(want, self._base_caps.mask("permitted"),
                                 self._base_caps.mask("inheritable"))
             if caps.capset_errno(sets) != 0:
                 raise Denied(errno.EPERM, "cannot drop the worker's capabilities")
+            self._thread_state.effective = want
 
     def _complete(self, req, session, name, fn):
         """Run `fn`; map its outcome to a result: a value, CONTINUE, a Defer, or an error
