@@ -21,7 +21,7 @@ import threading
 import time
 
 from .._kernel import caps, seccomp
-from . import metadata, network
+from . import connect, metadata, send
 from .network import CONTINUE, Defer
 from .request import Denied, Request
 
@@ -29,7 +29,7 @@ from .request import Denied, Request
 def _dispatch_table() -> dict[int, tuple[str, object]]:
     from ..syscall_filter import syscall_number  # names -> numbers for this architecture
     table = {}
-    for handlers in (metadata.HANDLERS, network.HANDLERS):
+    for handlers in (metadata.HANDLERS, connect.HANDLERS, send.HANDLERS):
         for name, handler in handlers.items():
             table[syscall_number(name)] = (name, handler)
     return table

@@ -70,9 +70,9 @@ class NetState:
 
         def on_decision(name, allowed):
             if self.audit is not None and (not allowed or self.audit.log_allowed):
-                from .network import _argv
+                from .network import argv_of
                 self.audit.record(decision="allow" if allowed else "deny", pid=pid,
-                                  argv=_argv(pid), syscall="dns", protocol="dns", host=name,
+                                  argv=argv_of(pid), syscall="dns", protocol="dns", host=name,
                                   rule="default:dns" if not allowed else "dns",
                                   reason=None if allowed else
                                   f"DNS query for {name}: no rule allows that name")

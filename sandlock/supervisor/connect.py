@@ -1,0 +1,152 @@
+"""connect() and listen(): where a socket may connect to, and whether it may listen.
+
+Decisions follow sandlock.supervisor.network (copy once, decide, act on our duplicate).
+Every stream connect finishes on a worker thread; see connect_action.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+
+from .._kernel import sockets
+from .network import (AF_INET, AF_INET6, AF_UNIX, AF_UNSPEC, CONTINUE, SOCK_DGRAM,
+                      SOCK_STREAM, abstract_granted, deny, inet_verdict, parse_sockaddr,
+                      proc_fd_sockaddr, protocol_of, run_action, single_threaded,
+                      socket_info_of, unix_target)
+from .request import Denied, Request
+
+def connect(req: Request, session):
+    net = session.net
+    fd = req.dup_fd(req.arg_int(0))
+    try:
+        domain, stype, proto = socket_info_of(fd)
+        addrlen = req.args[2] & 0xFFFFFFFF
+        if not 2 <= addrlen <= 128:
+            raise Denied(errno.EINVAL, "bad address length")
+        if domain not in (AF_UNIX, AF_INET, AF_INET6):
+            # Netlink: no destination policy. The kernel may redo the call only if no other
+            # thread can swap this fd for an inet socket meanwhile; else we connect it.
+            if single_threaded(req.pid):
+                os.close(fd)
+                return CONTINUE
+            raw = req.read_bytes(req.args[1], addrlen)
+            return run_action(fd, False, lambda: _connect(fd, raw))
+        if (domain != AF_UNIX and stype == SOCK_STREAM and net.tcp_by_landlock
+                and single_threaded(req.pid)):
+            os.close(fd)
+            return CONTINUE  # Landlock checks the port in the kernel, whatever is re-read
+        dest = parse_sockaddr(req.read_bytes(req.args[1], addrlen))
+    except BaseException:
+        os.close(fd)
+        raise
+    if domain == AF_UNIX:
+        return _connect_unix(req, session, fd, dest, stype)
+    if dest.family == AF_UNSPEC:  # dissolving a UDP association
+        return connect_action(fd, dest.raw, stype)
+    if dest.family not in (AF_INET, AF_INET6):
+        os.close(fd)
+        raise Denied(errno.EAFNOSUPPORT, "address family does not match the socket")
+    protocol = protocol_of(domain, stype, proto)
+    if net.is_dns(dest):
+        if protocol == "tcp":  # a worker: even a local connect can wait on a full backlog
+            return run_action(fd, True, lambda: _redirect_dns(req, session, fd, domain))
+        os.close(fd)
+        deny(req, session, "connect", "connected UDP DNS cannot be filtered per query; "
+              "resolvers use TCP in sandboxes (RES_OPTIONS=use-vc)", errno.EPERM,
+              protocol=protocol, address=str(dest.address), port=dest.port, rule="default:dns")
+    try:
+        inet_verdict(req, session, "connect", protocol, dest)
+    except BaseException:
+        os.close(fd)
+        raise
+    # No ID_VALID check is needed before acting: the socket came from a pidfd (race-free),
+    # so even if the caller died and its pid was reused, only its own orphaned socket moves.
+    return connect_action(fd, dest.raw, stype)
+
+
+def _connect_unix(req, session, fd, dest, stype):
+    try:
+        if dest.family != AF_UNIX:
+            raise Denied(errno.EINVAL, "address family does not match the socket")
+        if dest.path is None:
+            # Abstract names: never CONTINUE (another process sharing the memory could turn
+            # the name into a path before the kernel re-reads it), and an on-behalf connect
+            # is outside Landlock's scope, so only names the policy grants are reachable.
+            abstract_granted(req, session, "connect", dest)
+            return connect_action(fd, dest.raw, stype)
+        target = unix_target(req, session, "connect", dest)
+    except BaseException:
+        os.close(fd)
+        raise
+    return connect_action(fd, proc_fd_sockaddr(target), stype, target)
+
+
+
+
+
+def _connect(fd: int, raw: bytes) -> int:
+    sockets.connect(fd, raw)
+    return 0
+
+
+def _redirect_dns(req, session, fd, domain):
+    """Connect the child's TCP socket to our DNS responder instead of its nameserver."""
+    proxy = session.net.dns_proxy()
+    host, port = proxy.address
+    if domain == AF_INET6:
+        mapped = socket.inet_pton(AF_INET6, "::ffff:" + host)
+        local = struct.pack("<H", AF_INET6) + b"\0\0" + b"\0" * 4 + mapped + b"\0" * 4
+        remote = (struct.pack("<H", AF_INET6) + struct.pack("!H", port) + b"\0" * 4 + mapped
+                  + b"\0" * 4)
+    else:
+        local = struct.pack("<H", AF_INET) + b"\0\0" + socket.inet_aton(host) + b"\0" * 8
+        remote = (struct.pack("<H", AF_INET) + struct.pack("!H", port) + socket.inet_aton(host)
+                  + b"\0" * 8)
+    try:
+        sockets.bind(fd, local)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: already bound, keep that address
+            raise
+    client = struct.unpack_from("!H", sockets.getsockname(fd), 2)[0]
+    proxy.expect((host, client), session.net.dns_context(req))
+    sockets.connect(fd, remote)
+    return 0
+
+
+
+
+
+def connect_action(fd: int, raw: bytes, stype: int, *closers):
+    """Connect our duplicate as the child asked. Datagram connects never block and are
+    answered here; every stream connect finishes on a worker: whether the socket blocks is
+    a flag the sandbox can flip at any moment (it is shared through the open file), so the
+    supervisor thread itself never calls a connect() that could wait on the network."""
+    return run_action(fd, stype != SOCK_DGRAM, lambda: _connect(fd, raw), *closers)
+
+
+# --- sends -----------------------------------------------------------------------------------
+
+
+def listen(req: Request, session):
+    """listen() on an unbound inet socket binds an ephemeral port without passing Landlock's
+    bind check: refused unless the policy lets the sandbox bind port 0."""
+    fd = req.dup_fd(req.arg_int(0))
+    try:
+        domain, stype, _ = socket_info_of(fd)
+        if domain in (AF_INET, AF_INET6) and stype == SOCK_STREAM:
+            port = struct.unpack_from("!H", sockets.getsockname(fd), 2)[0]
+            bind = session.policy.tcp_bind
+            if port == 0 and not (bind.any_port or 0 in bind.ports):
+                raise Denied(errno.EACCES, "listen() on an unbound socket would bind an "
+                             "ephemeral port; allow net_allow_bind=[0] or bind() first")
+    except BaseException:
+        os.close(fd)
+        raise
+    backlog = req.arg_int(1)
+    return run_action(fd, False, lambda: (sockets.listen(fd, backlog), 0)[1])
+
+
+HANDLERS = {"connect": connect, "listen": listen}
