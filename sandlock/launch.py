@@ -123,6 +123,8 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
             if rec[0] != _STEP["execve"]:
                 raise _setup_error(rec)
             exec_error = f"execve {os.fsdecode(exe)}: {os.strerror(rec[1])}"
+            if rec[1] == errno.EACCES:
+                exec_error += " (is it, and its interpreter, beneath fs_readable?)"
         return Spawned(pid, pidfd, exec_error)
     except BaseException as e:
         _kill_and_reap(pid, pidfd)
