@@ -217,6 +217,7 @@ class Sandbox:
         finally:
             for fd in to_close:
                 os.close(fd)
+        session.pgid = spawned.pid  # the sandbox's process group, for the exit-time kill
         return Process(spawned, session, parent_ends)
 
     def run(self, cmd: Sequence[str], timeout: float | None = None, *,

@@ -198,3 +198,19 @@ def test_confine_refuses_a_threaded_process():
             "try:\n confine(Sandbox(fs_readable=['/usr']))\nexcept Exception as e: print(e)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "single-threaded" in r.stdout
+
+
+def test_sandboxes_end_when_the_supervising_process_exits(tmp_path):
+    import subprocess
+    import sys
+    pidfile = tmp_path / "pid"
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+            f"from conftest import sandbox\nfrom sandlock import StdioMode\n"
+            f"p = sandbox().popen(['sleep', '60'], stdout=StdioMode.NULL)\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n")  # exits without waiting
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(pid)

@@ -13,6 +13,7 @@ Rules enforced here:
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import select
@@ -52,6 +53,7 @@ class Session:
         self.denials: list[dict] = []
         self.denied_count = 0
         self.deferred = 0  # on-behalf calls in progress on worker threads
+        self.pgid = 0      # set once started; every sandboxed process is in this group
         self.released = threading.Event()
 
     def record_denial(self, req: Request, syscall: str, err: int, reason: str) -> None:
@@ -79,6 +81,18 @@ class Supervisor:
         self._thread = threading.Thread(target=self._serve, name="sandlock-supervisor",
                                         daemon=True)
         self._thread.start()
+        atexit.register(self._kill_all)
+
+    def _kill_all(self) -> None:
+        """At interpreter exit the supervisor stops answering: end every sandbox it still
+        serves rather than leave it running unsupervised (its trapped calls would fail)."""
+        with self._lock:
+            groups = [s.pgid for s in self._sessions.values() if s.pgid]
+        for pgid in groups:
+            try:
+                os.killpg(pgid, 9)
+            except OSError:
+                pass
 
     def attach(self, listener: int, session: Session) -> None:
         """Take ownership of `listener` and serve it until every task using it is gone."""
