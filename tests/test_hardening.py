@@ -210,3 +210,13 @@ def test_a_stuck_sandbox_does_not_stall_another(tmp_path):
     assert r.success and time.monotonic() - t0 < 2
     stuck.join()
     srv.close()
+
+
+def test_mismatched_address_family_is_refused_cleanly():
+    code = ("import ctypes, socket, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            "sa = struct.pack('<H', 1) + b'/tmp/x\\0'\n"
+            "r = libc.sendto(u.fileno(), b'x', 1, 0, sa, len(sa))\n"
+            "print(r, ctypes.get_errno())")
+    r = run_py(sandbox(net_allow=["udp://127.0.0.1:9"]), code)
+    assert r.stdout.split() == [b"-1", b"22"] and b"supervisor error" not in r.stderr

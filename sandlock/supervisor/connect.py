@@ -62,8 +62,8 @@ def connect(req: Request, session):
     except BaseException:
         os.close(fd)
         raise
-    # No ID_VALID check is needed before acting: the socket came from a pidfd (race-free),
-    # so even if the caller died and its pid was reused, only its own orphaned socket moves.
+    # The pidfd behind our duplicate was checked with ID_VALID when it was opened, so the
+    # socket is the caller's even if the caller has died since.
     return connect_action(fd, dest.raw, stype)
 
 
@@ -82,9 +82,6 @@ def _connect_unix(req, session, fd, dest, stype):
         os.close(fd)
         raise
     return connect_action(fd, proc_fd_sockaddr(target), stype, target)
-
-
-
 
 
 def _connect(fd: int, raw: bytes) -> int:
@@ -116,18 +113,12 @@ def _redirect_dns(req, session, fd, domain):
     return 0
 
 
-
-
-
 def connect_action(fd: int, raw: bytes, stype: int, *closers):
     """Connect our duplicate as the child asked. Datagram connects never block and are
     answered here; every stream connect finishes on a worker: whether the socket blocks is
     a flag the sandbox can flip at any moment (it is shared through the open file), so the
     supervisor thread itself never calls a connect() that could wait on the network."""
     return run_action(fd, stype != SOCK_DGRAM, lambda: _connect(fd, raw), *closers)
-
-
-# --- sends -----------------------------------------------------------------------------------
 
 
 def listen(req: Request, session):

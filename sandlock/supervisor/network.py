@@ -169,7 +169,11 @@ def unix_target(req, session, syscall, dest) -> int:
     """Resolve a pathname unix address as the child would; returns an O_PATH fd on the
     socket inode if a grant covers it. Abstract names are the caller's business."""
     fd = req.open_target(AT_FDCWD, dest.path, 0, follow=True)
-    real = os.readlink(f"/proc/self/fd/{fd}")
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        os.close(fd)
+        raise
     grants = session.net.unix_allow
     if "*" in grants or any(is_beneath(real, g) for g in grants):
         return fd
@@ -188,8 +192,8 @@ def blocking(fd: int) -> bool:
     return not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
 
 
-def run_action(fd: int, blocking: bool, fn, *closers):
-    """Run the on-behalf action now (non-blocking socket) or on a worker thread."""
+def run_action(fd: int, defer: bool, fn, *closers):
+    """Run the on-behalf action now, or (`defer`) on a worker thread; closes the fds after."""
     guard = Guard(fd)
 
     def action():
@@ -199,10 +203,7 @@ def run_action(fd: int, blocking: bool, fn, *closers):
             guard.finish()
             for c in (fd, *closers):
                 os.close(c)
-    return Defer(action, guard) if blocking else action()
-
-
-# --- connect ---------------------------------------------------------------------------------
+    return Defer(action, guard) if defer else action()
 
 
 def socket_info_of(fd: int):

@@ -26,14 +26,14 @@ MAX_MMSG = 1024
 _MSGHDR = struct.Struct("<QI4xQQQQi4x")  # name, namelen, iov, iovlen, control, controllen, flags
 _IOVEC = struct.Struct("<QQ")
 
+
 class Message:
     """A copied outgoing message: destination (or None), payload buffers, control bytes."""
 
-    __slots__ = ("dest", "buffers", "control", "size")
+    __slots__ = ("dest", "buffers", "control")
 
     def __init__(self, dest, buffers, control):
         self.dest, self.buffers, self.control = dest, buffers, control
-        self.size = sum(len(b) for b in buffers)
 
 
 def _can_continue(req, domain, stype, flags) -> bool:
@@ -71,15 +71,22 @@ def _read_msghdr(req, addr: int) -> Message:
     return Message(dest, buffers, control)
 
 
-def _translate_control(req, control: bytes, opened: list) -> bytes:
-    """Rewrite SCM_RIGHTS fds from the child's numbering to our duplicates; refuse
-    SCM_CREDENTIALS (the kernel would check them against the supervisor, not the child)."""
-    out, off = b"", 0
+def _cmsgs(control: bytes):
+    """(level, type, data) of each control message; malformed control data is refused."""
+    off = 0
     while off + 16 <= len(control):
         length, level, ctype = struct.unpack_from("<Qii", control, off)
         if length < 16 or off + length > len(control):
             raise Denied(errno.EINVAL, "malformed control message")
-        data = control[off + 16: off + length]
+        yield level, ctype, control[off + 16: off + length]
+        off += (length + 7) & ~7
+
+
+def _translate_control(req, control: bytes, opened: list) -> bytes:
+    """Rewrite SCM_RIGHTS fds from the child's numbering to our duplicates; refuse
+    SCM_CREDENTIALS (the kernel would check them against the supervisor, not the child)."""
+    out = b""
+    for level, ctype, data in _cmsgs(control):
         if level == socket.SOL_SOCKET and ctype == SCM_CREDENTIALS:
             raise Denied(errno.EPERM, "SCM_CREDENTIALS cannot be sent on the sandbox's behalf")
         if level == socket.SOL_SOCKET and ctype == SCM_RIGHTS:
@@ -90,7 +97,6 @@ def _translate_control(req, control: bytes, opened: list) -> bytes:
             data = struct.pack(f"<{len(ours)}i", *ours)
         cmsg = struct.pack("<Qii", 16 + len(data), level, ctype) + data
         out += cmsg + b"\0" * (-len(cmsg) % 8)
-        off += (length + 7) & ~7
     return out
 
 
@@ -98,7 +104,12 @@ def _check_message(req, session, syscall, domain, stype, proto, flags, msg, fd, 
     """Decide on one message; returns the (name, control) to send it with."""
     dest = msg.dest
     if domain not in (AF_UNIX, AF_INET, AF_INET6):  # netlink: the kernel is the only peer
-        return (dest.raw if dest is not None else None), msg.control
+        if msg.control:  # sent by us, control data would carry the supervisor's fds/creds
+            raise Denied(errno.EPERM, "control data on a netlink send")
+        return (dest.raw if dest is not None else None), b""
+    if dest is not None and dest.family != AF_UNSPEC and (
+            (domain == AF_UNIX) != (dest.family == AF_UNIX)):
+        raise Denied(errno.EINVAL, "address family does not match the socket")
     if domain == AF_UNIX:
         if dest is not None and dest.family == AF_UNIX:
             if dest.path is None:
@@ -128,15 +139,10 @@ _INET_CMSGS = {(socket.SOL_IP, 1), (socket.SOL_IP, 2), (socket.SOL_IP, 8),     #
 
 
 def _inet_control(control: bytes) -> bytes:
-    off = 0
-    while off + 16 <= len(control):
-        length, level, ctype = struct.unpack_from("<Qii", control, off)
-        if length < 16 or off + length > len(control):
-            raise Denied(errno.EINVAL, "malformed control message")
+    for level, ctype, _ in _cmsgs(control):
         if (level, ctype) not in _INET_CMSGS:
             raise Denied(errno.EPERM, f"control message ({level}, {ctype}) is not allowed on "
                          f"a sandbox's behalf")
-        off += (length + 7) & ~7
     return control
 
 
