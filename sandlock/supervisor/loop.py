@@ -73,7 +73,6 @@ class Supervisor:
         base = caps.capget()
         self._base_caps = base
         self._privileged = base.mask("permitted") != 0
-        self._current_effective = None
         self._workers = None
         self._thread_state = threading.local()
         self._pending: set = set()  # (listener, notif id, Guard) of deferred calls
@@ -148,16 +147,18 @@ class Supervisor:
             self._drop(fd)
 
     def _act_as(self, session: Session) -> None:
-        """Give this thread the sandbox's effective capabilities (none, unless kept)."""
+        """Give the calling thread (the loop or a worker) the sandbox's effective
+        capabilities: none, unless kept. capset is per thread; each remembers its set."""
         if not self._privileged:
             return
         want = session.policy.keep_caps & self._base_caps.mask("permitted")
-        if want != self._current_effective:
-            sets = caps.CapSets(want, self._base_caps.mask("permitted"),
-                                self._base_caps.mask("inheritable"))
-            if caps.capset_errno(sets) != 0:
-                raise Denied(errno.EPERM, "cannot drop the supervisor's capabilities")
-            self._current_effective = want
+        if getattr(self._thread_state, "effective", None) == want:
+            return
+        sets = caps.CapSets(want, self._base_caps.mask("permitted"),
+                            self._base_caps.mask("inheritable"))
+        if caps.capset_errno(sets) != 0:
+            raise Denied(errno.EPERM, "cannot drop this thread's capabilities")
+        self._thread_state.effective = want
 
     def _answer(self, listener: int, session: Session, notif: seccomp.Notif) -> None:
         req = Request(listener, notif)
@@ -172,7 +173,7 @@ class Supervisor:
         if isinstance(result, Defer) and session.deferred >= MAX_DEFERRED_PER_SANDBOX:
             # One sandbox may not occupy every worker: past its quota, it waits its turn
             # by retrying (EAGAIN) rather than starving the others.
-            self._discard(result)
+            result.guard.close()
             result = ("error", errno.EAGAIN)
         if isinstance(result, Defer):
             # A blocking on-behalf call: finish it on a worker thread, with the same rules.
@@ -181,8 +182,7 @@ class Supervisor:
             entry = (listener, req.id, result.guard)
             with self._pending_lock:
                 session.deferred += 1
-                if result.guard is not None:
-                    self._pending.add(entry)
+                self._pending.add(entry)
             try:
                 self._pool().submit(self._finish_deferred, req, session, name, result.fn,
                                     entry)
@@ -190,24 +190,14 @@ class Supervisor:
                 with self._pending_lock:
                     session.deferred -= 1
                     self._pending.discard(entry)
-                self._discard(result)
+                result.guard.close()
                 self._send(req, ("error", errno.EAGAIN))
             return
         self._send(req, result)
 
-    @staticmethod
-    def _discard(deferred) -> None:
-        """Release what a Defer holds (its guard's fd) without running the call."""
-        if deferred.guard is not None:
-            deferred.guard.finish()
-            try:
-                os.close(deferred.guard.fd)
-            except OSError:
-                pass
-
     def _finish_deferred(self, req, session, name, fn, entry) -> None:
         def run():
-            self._drop_thread_caps(session)
+            self._act_as(session)
             return fn()
         try:
             self._send(req, self._complete(req, session, name, run))
@@ -223,18 +213,6 @@ class Supervisor:
         for listener, notif_id, guard in entries:
             if not seccomp.notif_id_valid(listener, notif_id):
                 guard.abort()
-
-    def _drop_thread_caps(self, session: Session) -> None:
-        """A worker's effective set becomes the sandbox's (remembered per thread)."""
-        if self._privileged:
-            want = session.policy.keep_caps & self._base_caps.mask("permitted")
-            if getattr(self._thread_state, "effective", None) == want:
-                return
-            sets = caps.CapSets(want, self._base_caps.mask("permitted"),
-                                self._base_caps.mask("inheritable"))
-            if caps.capset_errno(sets) != 0:
-                raise Denied(errno.EPERM, "cannot drop the worker's capabilities")
-            self._thread_state.effective = want
 
     def _complete(self, req, session, name, fn):
         """Run `fn`; map its outcome to a result: a value, CONTINUE, a Defer, or an error

@@ -35,32 +35,40 @@ CONTINUE = object()  # handler result: let the kernel perform the call
 
 class Defer:
     """Handler result: finish `fn()` on a worker thread (a blocking on-behalf call must not
-    stall the supervisor loop). `guard` lets the loop abort the call if the caller dies."""
+    stall the supervisor loop). `guard` owns the call's fds: the loop aborts the call through
+    it if the caller dies, and releases them if the call is never run."""
 
-    def __init__(self, fn, guard=None):
+    def __init__(self, fn, guard: "Guard"):
         self.fn = fn
         self.guard = guard
 
 
 class Guard:
-    """Our duplicate socket while a deferred call blocks on it. If the calling task goes
-    away, the loop calls abort(): shutdown() wakes a blocked connect/send at once, so no
-    worker waits on a peer for a sandbox that no longer exists. The lock makes sure the fd
-    is never shut down after the worker closed it (its number could be reused)."""
+    """The fds an on-behalf call uses: our duplicate socket first, then any others.
 
-    def __init__(self, fd: int):
+    abort() shuts the socket down, which wakes a blocked connect/send at once, so no worker
+    waits on a peer for a sandbox that no longer exists. close() releases every fd exactly
+    once. The lock makes sure a socket is never shut down after it was closed (its number
+    could have been reused)."""
+
+    def __init__(self, fd: int, others=None):
         self.fd = fd
+        self.others = others if others is not None else []
         self._lock = threading.Lock()
-        self._done = False
+        self._closed = False
 
     def abort(self) -> None:
         with self._lock:
-            if not self._done:
+            if not self._closed:
                 sockets.shutdown(self.fd)
 
-    def finish(self) -> None:
+    def close(self) -> None:
         with self._lock:
-            self._done = True
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self.fd, *self.others):
+                os.close(fd)
 
 
 AF_UNSPEC, AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 0, 1, 2, 10, 16
@@ -194,15 +202,13 @@ def blocking(fd: int) -> bool:
 
 def run_action(fd: int, defer: bool, fn, *closers):
     """Run the on-behalf action now, or (`defer`) on a worker thread; closes the fds after."""
-    guard = Guard(fd)
+    guard = Guard(fd, list(closers))
 
     def action():
         try:
             return fn()
         finally:
-            guard.finish()
-            for c in (fd, *closers):
-                os.close(c)
+            guard.close()
     return Defer(action, guard) if defer else action()
 
 

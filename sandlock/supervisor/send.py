@@ -198,7 +198,7 @@ def _send_common(req, session, syscall, msgs_fn):
         os.close(fd)
         raise
 
-    guard = Guard(fd)
+    guard = Guard(fd, opened)
 
     def action(send_flags=flags):
         try:
@@ -213,10 +213,7 @@ def _send_common(req, session, syscall, msgs_fn):
                     break  # sendmmsg: report the messages sent before the failure
             return results
         finally:
-            guard.finish()
-            for o in opened:
-                os.close(o)
-            os.close(fd)
+            guard.close()
     return domain, stype, flags, fd, action, guard
 
 
