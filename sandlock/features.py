@@ -107,7 +107,8 @@ def degradations(f: KernelFeatures) -> list[str]:
             lost.append(f"Landlock ABI {abi}: signals and abstract unix sockets can reach "
                         f"processes outside the sandbox")
     if not (f.seccomp_user_notif and f.pidfd_getfd and f.fchmodat2):
-        lost.append("no supervisor: chmod/chown/utimes/xattr changes are denied everywhere")
+        lost.append("no supervisor: chmod/chown/utimes/xattr changes are denied everywhere, "
+                    "and connects to pathname unix sockets are not checked")
     return lost
 
 

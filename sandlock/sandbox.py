@@ -116,6 +116,8 @@ class Sandbox:
         except BaseException:
             object.__setattr__(self, name, old)
             raise
+        if self._net is not None:
+            self._net.stop()
         object.__setattr__(self, "_conf", None)
         object.__setattr__(self, "_net", None)
         object.__setattr__(self, "_policy", policy)

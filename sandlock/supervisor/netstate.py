@@ -4,8 +4,25 @@ grants, DNS resolver and pins, and audit log."""
 from __future__ import annotations
 
 import threading
+import weakref
 
 from netpolicy.endpoint import canonical_address
+
+
+def _refresh(ref, stop: threading.Event, names, interval) -> None:
+    """Re-resolve `names` as their TTLs run out, while the NetState lives."""
+    while not stop.wait(max(1.0, interval * 0.8)):
+        state = ref()
+        if state is None:
+            return
+        ttls = []
+        for n in names:
+            try:
+                ttls.append(state.pin(n))
+            except Exception:  # keep the old pins until they expire
+                ttls.append(interval)
+        interval = min(ttls)
+        del state
 
 
 class NetState:
@@ -44,20 +61,16 @@ class NetState:
         names = [r.host for r in self.policy.hostnames if r.wildcard is None]
         ttls = [self.pin(n) for n in names]
         if names:
-            threading.Thread(target=self._refresh, args=(names, min(ttls)), daemon=True,
-                             name="sandlock-dns-refresh").start()
-
-    def _refresh(self, names, interval) -> None:
-        while not self._stop.wait(max(1.0, interval * 0.8)):
-            ttls = []
-            for n in names:
-                try:
-                    ttls.append(self.pin(n))
-                except Exception:  # keep the old pins until they expire
-                    ttls.append(interval)
-            interval = min(ttls)
+            # The thread holds only a weak reference: it ends with this NetState (the
+            # Sandbox dropped or changed), not with the process.
+            threading.Thread(target=_refresh, args=(weakref.ref(self), self._stop, names,
+                                                    min(ttls)),
+                             daemon=True, name="sandlock-dns-refresh").start()
 
     def stop(self) -> None:
+        self._stop.set()
+
+    def __del__(self):
         self._stop.set()
 
     def dns_proxy(self):
