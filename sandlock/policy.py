@@ -242,16 +242,16 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     readable = _paths("fs_readable", fields.get("fs_readable"), must_exist=True)
     writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
     denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
+    from .fs_rules import is_beneath
+    grants = readable + writable
     if os.geteuid() == 0:
         # Started as root, the sandbox is uid 0 without capabilities: it still owns
         # /etc/shadow & co. Those stay denied whenever a grant covers them.
-        from .fs_rules import is_beneath
-        grants = readable + writable
         denied += tuple(d for d in system_denied() if d not in denied
                         and any(is_beneath(d, g) and d != g for g in grants))
     for d in denied:
-        for g in readable + writable:
-            if g == d or g.startswith(d.rstrip("/") + "/"):
+        for g in grants:
+            if is_beneath(g, d):
                 raise PolicyError(f"fs_denied {d} contains the granted path {g}: "
                                   f"remove one of them")
     endpoints = parse_endpoints(fields.get("net_allow"), fields.get("net_deny"),

@@ -163,8 +163,11 @@ class Sandbox:
             if self._net is None:
                 from netpolicy.audit import AuditLog
                 from .supervisor.netstate import NetState
-                audit = AuditLog(policy.audit_log, policy.audit_allowed) if policy.audit_log \
-                    else None
+                try:
+                    audit = AuditLog(policy.audit_log, policy.audit_allowed) \
+                        if policy.audit_log else None
+                except OSError as e:
+                    raise PolicyError(f"audit_log: {policy.audit_log}: {e.strerror}") from None
                 net = NetState(policy, audit)
                 try:
                     net.start()
