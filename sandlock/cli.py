@@ -207,7 +207,7 @@ def _interrupt(signum, frame):
 
 def _run(a, net_run: bool = False) -> int:
     from .errors import SandlockError
-    from .sandbox import StdioMode
+    from .sandbox import CommandNotFound, StdioMode
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         print("sandlock: error: no command given (usage: sandlock run [options] -- CMD)",
@@ -218,39 +218,35 @@ def _run(a, net_run: bool = False) -> int:
         for lost in sb.degradations:
             print(f"sandlock: warning: degraded: {lost}", file=sys.stderr)
         proc = sb.popen(cmd, StdioMode.INHERIT, StdioMode.INHERIT, StdioMode.INHERIT)
+    except CommandNotFound as e:
+        print(f"sandlock: {e}", file=sys.stderr)
+        return 127
     except SandlockError as e:
-        msg = str(e)
-        if "command not found" in msg:
-            print(f"sandlock: {msg}", file=sys.stderr)
-            return 127
-        print(f"sandlock: error: {msg}", file=sys.stderr)
+        print(f"sandlock: error: {e}", file=sys.stderr)
         return EXIT_SANDLOCK
-    if proc._exec_error:
-        print(f"sandlock: {proc._exec_error}", file=sys.stderr)
+    if proc.exec_error:
+        print(f"sandlock: {proc.exec_error}", file=sys.stderr)
     fg = _Foreground(proc.pid)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = proc.wait(timeout=timeout)
+        status = code if code >= 0 else 128 - code
     except TimeoutError:
         proc.kill()
         proc.wait()
         print(f"sandlock: timed out after {timeout:g}s; the sandbox was killed",
               file=sys.stderr)
-        code = -1000
+        status = EXIT_TIMEOUT
     except KeyboardInterrupt:
         proc.kill()
         proc.wait()
-        code = -1001
+        status = 130
     finally:
         fg.restore()
         proc.close()
     if net_run:
         _net_run_summary(sb)
-    if code == -1000:
-        return EXIT_TIMEOUT
-    if code == -1001:
-        return 130
-    return code if code >= 0 else 128 - code
+    return status
 
 
 def _net_run_summary(sb) -> None:

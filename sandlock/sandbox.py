@@ -209,7 +209,7 @@ class Sandbox:
         parent_ends, child_fds, to_close = _stdio(stdin, stdout, stderr)
         try:
             if exe is None:
-                raise _NotFound(f"{argv[0]}: command not found")
+                raise CommandNotFound(f"{argv[0]}: command not found")
             spawned = launch.spawn(
                 conf, os.fsencode(exe), [os.fsencode(a) for a in argv],
                 env, policy.cwd, child_fds,
@@ -236,7 +236,7 @@ class Sandbox:
         try:
             proc = self.popen(cmd, stdin=StdioMode.PIPED if input else StdioMode.NULL,
                               stdout=StdioMode.PIPED, stderr=StdioMode.PIPED)
-        except _NotFound as e:
+        except CommandNotFound as e:
             return Result(success=False, exit_code=127, error=str(e))
         with proc:
             return proc.communicate(input=input, timeout=timeout)
@@ -250,8 +250,8 @@ class Sandbox:
 _build_lock = threading.Lock()
 
 
-class _NotFound(SandlockError):
-    pass
+class CommandNotFound(SandlockError):
+    """The command is not on the sandbox's PATH (run() reports it as exit status 127)."""
 
 
 def _argv(cmd) -> list[str]:
@@ -460,6 +460,11 @@ class Process:
                       exit_code=code, stdout=bytes(out), stderr=bytes(err),
                       error=self._error_text(reason), reason=reason, signal=sig,
                       denials=list(self._session.denials))
+
+    @property
+    def exec_error(self) -> str | None:
+        """Why execve failed (the process then exits 126/127), or None."""
+        return self._exec_error
 
     def _error_text(self, reason: ExitReason) -> str | None:
         if self._exec_error:
