@@ -90,10 +90,14 @@ def build(policy: Policy) -> Confinement:
             policy.tcp_by_landlock and not policy.udp and not policy.icmp):
         raise PolicyError("network rules naming hosts, addresses, UDP or ICMP need the "
                           "supervisor, which this kernel cannot run (see `sandlock check`)")
+    if policy.policy_fn is not None and not supervised:
+        raise PolicyError("policy_fn needs the supervisor, which this kernel cannot run "
+                          "(see `sandlock check`)")
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised,
                                         deny_inet=kf.landlock_abi < 4,
                                         net_supervised=policy.net_supervised,
-                                        udp=policy.udp, icmp=policy.icmp)
+                                        udp=policy.udp, icmp=policy.icmp,
+                                        runtime_events=policy.runtime_events)
     return Confinement(
         ruleset=_build_ruleset(policy, kf.landlock_abi),
         bpf_fd=_sealed_memfd("sandlock-bpf", bpf),

@@ -83,8 +83,9 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
           cwd: str | None, stdio: tuple[int, int, int], attach) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit).
 
-    `attach(listener_fd)` hands our duplicate of the listener to the supervisor; it runs
-    while the trampoline waits, before the program is exec'd.
+    `attach(listener_fd, pid)` hands our duplicate of the listener to the supervisor; it
+    runs while the trampoline waits, before the program is exec'd. `pid` is also the
+    sandbox's process group.
     """
     if not os.access(HELPER, os.X_OK):
         raise SandboxError(f"the sandlock-exec helper is missing ({HELPER}); build it with "
@@ -113,7 +114,7 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
         rec = _read_record(status_r, SETUP_TIMEOUT)
         if rec is None or rec[0] != _STEP["listener"]:
             raise _setup_error(rec)
-        attach(pidfd_getfd(pidfd, rec[1]))
+        attach(pidfd_getfd(pidfd, rec[1]), pid)
         os.write(ack_w, b"\x01")
         os.close(ack_w)
         ack_w = -1

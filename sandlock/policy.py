@@ -71,6 +71,9 @@ class Policy:
     no_coredump: bool
     allow_degraded: bool
     name: str | None
+    policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
+    policy_fn_timeout: float = 2.0
+    runtime_events: frozenset = frozenset()  # event kinds it sees; empty without policy_fn
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -89,7 +92,7 @@ _NOT_YET = {
     "no_randomize_memory": "determinism controls", "no_huge_pages": "determinism controls",
     "deterministic_dirs": "determinism controls",
     "uid": "uid/gid mapping", "gid": "uid/gid mapping",
-    "policy_fn": "runtime policy callbacks", "init_fn": "COW fork", "work_fn": "COW fork",
+    "init_fn": "COW fork", "work_fn": "COW fork",
     "disable": "protection waivers",
 }
 
@@ -236,6 +239,36 @@ def parse_env(env) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def parse_runtime(fields: dict, deny_syscalls: frozenset[str]):
+    """(callback, timeout, event kinds) of policy_fn; (None, 2.0, ∅) without one."""
+    from .supervisor.runtime import EVENT_KINDS
+    fn = fields.get("policy_fn")
+    timeout = fields.get("policy_fn_timeout", 2.0)
+    events = fields.get("policy_fn_events")
+    if fn is None:
+        if events is not None:
+            raise PolicyError("policy_fn_events: set without a policy_fn")
+        return None, 2.0, frozenset()
+    if not callable(fn):
+        raise PolicyError(f"policy_fn: expected a callable fn(event, ctx), got {fn!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not \
+            0 < timeout <= 3600:
+        raise PolicyError(f"policy_fn_timeout: expected seconds in (0, 3600], got {timeout!r}")
+    if events is None:
+        events = EVENT_KINDS
+    if isinstance(events, str):
+        raise PolicyError(f"policy_fn_events: expected a list, got {events!r}")
+    for e in events:
+        if e not in EVENT_KINDS:
+            raise PolicyError(f"policy_fn_events: unknown event kind {e!r} (choose from "
+                              f"{', '.join(EVENT_KINDS)})")
+    if "setsid" not in deny_syscalls or "setpgid" not in deny_syscalls:
+        raise PolicyError("policy_fn freezes the sandbox's process group while it inspects "
+                          "an exec; extra_allow_syscalls=['process_group'] would let "
+                          "processes leave it: remove one of them")
+    return fn, float(timeout), frozenset(events)
+
+
 def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     """Validate the user's fields; `deny_syscalls` comes from sandlock.syscall_filter."""
     reject_unimplemented(fields)
@@ -278,10 +311,11 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
                                        or max_open_files < 1):
         raise PolicyError(f"max_open_files: expected a positive integer, got {max_open_files!r}")
     udp = "udp" in protocols or bool(endpoints.hostnames)
+    policy_fn, policy_fn_timeout, runtime_events = parse_runtime(fields, deny_syscalls)
     return Policy(
         endpoints=endpoints, unix_allow=unix_allow, tcp_by_landlock=tcp_by_landlock,
-        net_supervised=not (tcp_by_landlock and "*" in unix_allow and not udp
-                            and "icmp" not in protocols),
+        net_supervised="network" in runtime_events or not (
+            tcp_by_landlock and "*" in unix_allow and not udp and "icmp" not in protocols),
         udp=udp, icmp="icmp" in protocols, dns_servers=dns_servers,
         audit_log=os.path.abspath(audit_log) if audit_log else None,
         audit_allowed=bool(fields.get("audit_allowed")),
@@ -297,4 +331,6 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         no_coredump=bool(fields.get("no_coredump")),
         allow_degraded=bool(fields.get("allow_degraded")),
         name=fields.get("name"),
+        policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
+        runtime_events=runtime_events,
     )

@@ -24,6 +24,7 @@ class Result:
     signal: int = -1
     changes: list = field(default_factory=list)
     denials: list = field(default_factory=list)
+    flagged: list = field(default_factory=list)  # events a policy_fn flagged ("audit")
     stages: list = field(default_factory=list)  # a pipeline's per-stage Results
 
     def __repr__(self) -> str:

@@ -92,11 +92,14 @@ class Sandbox:
     keep_capabilities: Sequence[str] | None = None
     name: str | None = None
     policy_fn: Callable | None = None
+    policy_fn_timeout: float = 2.0
+    policy_fn_events: Sequence[str] | None = None
     init_fn: Callable | None = None
     work_fn: Callable | None = None
     _policy: Policy | None = field(default=None, init=False, repr=False, compare=False)
     _conf: Any = field(default=None, init=False, repr=False, compare=False)
     _net: Any = field(default=None, init=False, repr=False, compare=False)
+    _audit: Any = field(default=None, init=False, repr=False, compare=False)
     _default_timeout: float | None = field(default=None, init=False, repr=False,
                                            compare=False)
 
@@ -120,6 +123,7 @@ class Sandbox:
             self._net.stop()
         object.__setattr__(self, "_conf", None)
         object.__setattr__(self, "_net", None)
+        object.__setattr__(self, "_audit", None)
         object.__setattr__(self, "_policy", policy)
 
     @classmethod
@@ -153,21 +157,31 @@ class Sandbox:
                 conf = self._conf
         return conf
 
+    def _audit_log(self):
+        """The AuditLog of this sandbox's policy (None without audit_log), opened once."""
+        policy = self._policy
+        if not policy.audit_log:
+            return None
+        with _build_lock:
+            if self._audit is None:
+                from netpolicy.audit import AuditLog
+                try:
+                    audit = AuditLog(policy.audit_log, policy.audit_allowed)
+                except OSError as e:
+                    raise PolicyError(f"audit_log: {policy.audit_log}: {e.strerror}") from None
+                object.__setattr__(self, "_audit", audit)
+            return self._audit
+
     def _net_state(self):
         """The supervisor's network state for this sandbox (resolved names, pins, audit),
         built once and shared by its runs; None when Landlock alone decides."""
         policy = self._policy
         if not policy.net_supervised or not self._confinement().supervised:
             return None
+        audit = self._audit_log()
         with _build_lock:
             if self._net is None:
-                from netpolicy.audit import AuditLog
                 from .supervisor.netstate import NetState
-                try:
-                    audit = AuditLog(policy.audit_log, policy.audit_allowed) \
-                        if policy.audit_log else None
-                except OSError as e:
-                    raise PolicyError(f"audit_log: {policy.audit_log}: {e.strerror}") from None
                 net = NetState(policy, audit)
                 try:
                     net.start()
@@ -180,7 +194,7 @@ class Sandbox:
     def audit(self):
         """The AuditLog of this sandbox (None without audit_log)."""
         net = self._net_state()
-        return net.audit if net is not None else None
+        return net.audit if net is not None else self._audit_log()
 
     @property
     def degradations(self) -> tuple[str, ...]:
@@ -205,7 +219,12 @@ class Sandbox:
         env = _environment(policy, extra)
         path = env.get("PATH") if env is os.environ else os.fsdecode(env.get(b"PATH", b""))
         exe = _find_executable(argv[0], path or os.fsdecode(_DEFAULT_PATH), policy.cwd)
-        session = Session(policy, policy.name, net)
+        runtime = None
+        if policy.policy_fn is not None:
+            from .supervisor.runtime import Runtime
+            runtime = Runtime(policy.policy_fn, policy.policy_fn_timeout,
+                              policy.runtime_events, self._audit_log(), policy.name)
+        session = Session(policy, policy.name, net, runtime)
         parent_ends, child_fds, to_close = _stdio(stdin, stdout, stderr)
         try:
             if exe is None:
@@ -213,7 +232,7 @@ class Sandbox:
             spawned = launch.spawn(
                 conf, os.fsencode(exe), [os.fsencode(a) for a in argv],
                 env, policy.cwd, child_fds,
-                attach=lambda listener: supervisor().attach(listener, session))
+                attach=lambda listener, pid: supervisor().attach(listener, session, pid))
         except BaseException:
             for fd in parent_ends:
                 if fd >= 0:
@@ -222,7 +241,6 @@ class Sandbox:
         finally:
             for fd in to_close:
                 os.close(fd)
-        session.pgid = spawned.pid  # the sandbox's process group, for the exit-time kill
         return Process(spawned, session, parent_ends)
 
     def run(self, cmd: Sequence[str], timeout: float | None = None, *,
@@ -376,6 +394,8 @@ class Process:
                 if self._killed_by_us is not None:
                     status = (self._killed_by_us,) + status[1:]
                 self._status = status
+                if self._session.runtime is not None:
+                    self._session.runtime.close()
             return self._status
 
     def wait(self, timeout: float | None = None) -> int:
@@ -459,7 +479,7 @@ class Process:
         return Result(success=(reason == ExitReason.EXITED and code == 0),
                       exit_code=code, stdout=bytes(out), stderr=bytes(err),
                       error=self._error_text(reason), reason=reason, signal=sig,
-                      denials=list(self._session.denials))
+                      denials=list(self._session.denials), flagged=self.flagged)
 
     @property
     def exec_error(self) -> str | None:
@@ -499,6 +519,12 @@ class Process:
     @property
     def denials(self) -> list[dict]:
         return list(self._session.denials)
+
+    @property
+    def flagged(self) -> list[dict]:
+        """Events a policy_fn flagged with "audit" (allowed, recorded)."""
+        rt = self._session.runtime
+        return list(rt.flagged) if rt is not None else []
 
 
 def select_poll(fd: int):

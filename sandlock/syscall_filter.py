@@ -160,9 +160,22 @@ def resolve_deny_list(extra_deny, extra_allow) -> frozenset[str]:
 _compiled: dict[tuple, bytes] = {}
 
 
+# What a policy_fn observes, by event kind (sandlock.supervisor.runtime.EVENT_KINDS).
+RUNTIME_SYSCALLS = {
+    "exec": ("execve", "execveat"),
+    "file": ("execve", "execveat", "open", "openat", "openat2", "creat"),
+    "process": ("clone", "fork", "vfork", "exit_group"),
+    "network": ("bind",),
+}
+# Linux AIO completes reads into user memory after the call returned: it could rewrite an
+# argv the supervisor is inspecting under a freeze. Refused to sandboxes with a policy_fn.
+RUNTIME_DENY = ("io_setup", "io_submit")
+
+
 def compile_filter(deny: frozenset[str], supervised: bool = True,
                    deny_inet: bool = False, net_supervised: bool = False,
-                   udp: bool = False, icmp: bool = False) -> bytes:
+                   udp: bool = False, icmp: bool = False,
+                   runtime_events: frozenset = frozenset()) -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -170,8 +183,10 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     TCP rules) denies every AF_INET/AF_INET6 socket. net_supervised sends connect() and
     every send that can carry a destination to the supervisor; udp / icmp allow creating
     UDP and ICMP-ping sockets (their destinations are then the supervisor's to decide).
+    runtime_events (a policy_fn's event kinds) sends the calls it observes to the
+    supervisor.
     """
-    key = (deny, supervised, deny_inet, net_supervised, udp, icmp)
+    key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -179,7 +194,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 
 
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
-             udp: bool, icmp: bool) -> bytes:
+             udp: bool, icmp: bool, runtime_events: frozenset) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -187,8 +202,13 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     # comparisons instead of walking the whole rule list (libseccomp >= 2.5).
     f.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
     eperm = sc.ERRNO(errno.EPERM)
+    if runtime_events:
+        deny = deny | frozenset(RUNTIME_DENY)
     for name in sorted(deny):
         f.add_rule(eperm, syscall_number(name))
+    observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]})
+    for name in observed:  # only reachable with the supervisor (build() checks)
+        f.add_rule(sc.NOTIFY, syscall_number(name))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for flag in _CLONE_NAMESPACE_FLAGS:
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))

@@ -26,6 +26,7 @@ NR_PROCESS_VM_WRITEV = 311
 NR_CAPGET = 125
 NR_CAPSET = 126
 NR_PRCTL = 157
+NR_PTRACE = 101
 
 
 def syscall(nr: int, *args) -> int:

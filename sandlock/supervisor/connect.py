@@ -13,7 +13,7 @@ import struct
 
 from .._kernel import sockets
 from .network import (AF_INET, AF_INET6, AF_UNIX, AF_UNSPEC, CONTINUE, SOCK_DGRAM,
-                      SOCK_STREAM, abstract_granted, deny, inet_verdict, parse_sockaddr,
+                      SOCK_STREAM, Frozen, abstract_granted, deny, inet_verdict, parse_sockaddr,
                       proc_fd_sockaddr, protocol_of, run_action, single_threaded,
                       socket_info_of, unix_target)
 from .request import Denied, Request
@@ -35,7 +35,7 @@ def connect(req: Request, session):
             raw = req.read_bytes(req.args[1], addrlen)
             return run_action(fd, False, lambda: _connect(fd, raw))
         if (domain != AF_UNIX and stype == SOCK_STREAM and net.tcp_by_landlock
-                and single_threaded(req.pid)):
+                and session.runtime is None and single_threaded(req.pid)):
             os.close(fd)
             return CONTINUE  # Landlock checks the port in the kernel, whatever is re-read
         dest = parse_sockaddr(req.read_bytes(req.args[1], addrlen))
@@ -140,4 +140,45 @@ def listen(req: Request, session):
     return run_action(fd, False, lambda: (sockets.listen(fd, backlog), 0)[1])
 
 
-HANDLERS = {"connect": connect, "listen": listen}
+def bind(req: Request, session):
+    """bind() under a policy_fn (trapped only then): the callback sees inet binds. The call
+    continues in the kernel, whose Landlock rules still decide the port, under a freeze
+    (supervisor.freeze) so the address and the fd it checked are what the kernel binds."""
+    return Frozen(lambda: _bind_decide(req, session))
+
+
+def _bind_decide(req: Request, session):
+    from .runtime import SyscallEvent
+    fd = req.dup_fd(req.arg_int(0))
+    try:
+        domain, stype, _ = socket_info_of(fd)
+    finally:
+        os.close(fd)
+    rt = session.runtime
+    if domain in (AF_INET, AF_INET6) and "network" in rt.events:
+        addrlen = req.args[2] & 0xFFFFFFFF
+        if not 2 <= addrlen <= 128:
+            raise Denied(errno.EINVAL, "bad address length")
+        raw = req.read_bytes(req.args[1], addrlen)
+        if struct.unpack_from("<H", raw)[0] == domain and len(raw) >= 4:
+            port = struct.unpack_from("!H", raw, 2)[0]
+            address = (socket.inet_ntop(domain, raw[4:8]) if domain == AF_INET else
+                       socket.inet_ntop(domain, raw[8:24]) if len(raw) >= 24 else None)
+            bind_ports = session.policy.tcp_bind
+            denied = stype == SOCK_STREAM and not (bind_ports.any_port
+                                                   or port in bind_ports.ports)
+            tgid, ppid = req.process_ids()
+            event = SyscallEvent("bind", "network", tgid, ppid, host=address, port=port,
+                                 denied=denied)
+            if denied:
+                rt.observe(event)
+            else:
+                verdict = rt.decide(event)
+                if not verdict.allow:
+                    raise Denied(verdict.errno, verdict.reason)
+    if not req.still_valid():
+        raise Denied(errno.ESRCH, "the calling task is gone")
+    return CONTINUE
+
+
+HANDLERS = {"connect": connect, "listen": listen, "bind": bind}

@@ -9,6 +9,10 @@ Rules enforced here:
   succeed where the child's own call would have failed for lack of privilege.
 - The thread owns each listener fd once attached, and closes it when the kernel reports
   that no task uses the filter any more (EPOLLHUP): no fd or state outlives a sandbox.
+- Every answer goes through its session's gate (Session.respond): while a freeze holds the
+  gate, answers wait, so a task blocked in a notification stays blocked (see freeze.py).
+- With a policy_fn, the calls it may hold run entirely on a worker: the callback never
+  runs on this thread, so one slow callback cannot stall other sandboxes.
 """
 
 from __future__ import annotations
@@ -22,15 +26,17 @@ import threading
 import time
 
 from .._kernel import caps, seccomp
-from . import connect, metadata, send
-from .network import CONTINUE, Defer
-from .request import Denied, Request
+from . import connect, execve, lifecycle, metadata, opens, send
+from .freeze import Freeze, FreezeError
+from .network import CONTINUE, Defer, Frozen
+from .request import Denied, Request, thread_group
 
 
 def _dispatch_table() -> dict[int, tuple[str, object]]:
     from ..syscall_filter import syscall_number  # names -> numbers for this architecture
     table = {}
-    for handlers in (metadata.HANDLERS, connect.HANDLERS, send.HANDLERS):
+    for handlers in (metadata.HANDLERS, connect.HANDLERS, send.HANDLERS, execve.HANDLERS,
+                     lifecycle.HANDLERS, opens.HANDLERS):
         for name, handler in handlers.items():
             table[syscall_number(name)] = (name, handler)
     return table
@@ -39,6 +45,10 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
 PENDING_CHECK = 0.2  # seconds between checks for deferred calls whose caller is gone
 MAX_DEFERRED_PER_SANDBOX = 32
 WORKERS = 128
+FREEZE_LIMIT = 1.0   # seconds to freeze a sandbox, and again for a released call to return
+# Calls a policy_fn may hold: with one, their handlers run on a worker from the start.
+HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", "execveat",
+                  "open", "openat", "openat2", "creat"})
 
 
 class Session:
@@ -46,15 +56,53 @@ class Session:
 
     MAX_RECORDS = 1000
 
-    def __init__(self, policy, name: str | None = None, net=None):
+    def __init__(self, policy, name: str | None = None, net=None, runtime=None):
         self.policy = policy
         self.name = name
         self.net = net  # NetState when the network handlers are in use
+        self.runtime = runtime  # supervisor.runtime.Runtime when there is a policy_fn
         self.denials: list[dict] = []
         self.denied_count = 0
         self.deferred = 0  # on-behalf calls in progress on worker threads
         self.pgid = 0      # set once started; every sandboxed process is in this group
         self.released = threading.Event()
+        # The gate: notifications received and not yet answered (id -> tid), and while a
+        # freeze holds it, the answers waiting for the thaw.
+        self._gate_lock = threading.Lock()
+        self._inflight: dict[int, int] = {}
+        self._held: list | None = None
+        self.freeze_lock = threading.Lock()   # one freeze at a time
+        self.memory_lock = threading.Lock()   # held by a freeze; taken to write child memory
+
+    def received(self, notif_id: int, tid: int) -> None:
+        with self._gate_lock:
+            self._inflight[notif_id] = tid
+
+    def respond(self, notif_id: int, send, exempt: bool = False) -> None:
+        """Send an answer now, or at the thaw if a freeze holds the gate. Checking the gate
+        and sending happen under one lock: a freeze that saw a task as blocked in a
+        notification can rely on it staying blocked."""
+        with self._gate_lock:
+            if self._held is not None and not exempt:
+                self._held.append((notif_id, send))
+                return
+            self._inflight.pop(notif_id, None)
+            send()
+
+    def held_by_gate(self, tid: int) -> bool:
+        with self._gate_lock:
+            return self._held is not None and tid in self._inflight.values()
+
+    def close_gate(self) -> None:
+        with self._gate_lock:
+            self._held = []
+
+    def open_gate(self) -> None:
+        with self._gate_lock:
+            held, self._held = self._held or [], None
+            for notif_id, send in held:
+                self._inflight.pop(notif_id, None)
+                send()
 
     def record_denial(self, req: Request, syscall: str, err: int, reason: str) -> None:
         self.denied_count += 1
@@ -93,8 +141,9 @@ class Supervisor:
             except OSError:
                 pass
 
-    def attach(self, listener: int, session: Session) -> None:
+    def attach(self, listener: int, session: Session, pgid: int) -> None:
         """Take ownership of `listener` and serve it until every task using it is gone."""
+        session.pgid = pgid
         with self._lock:
             self._sessions[listener] = session
         self._epoll.register(listener, select.EPOLLIN)
@@ -135,13 +184,11 @@ class Supervisor:
                 seccomp.notif_recv(fd, notif)
             except OSError:
                 return  # the task died between poll and recv (ENOENT)
+            session.received(notif.id, notif.pid)
             try:
                 self._answer(fd, session, notif)
             except Exception:  # received means answered: deny rather than leave it waiting
-                try:
-                    seccomp.notif_send(fd, notif.id, 0, -errno.EPERM)
-                except OSError:
-                    pass
+                self._send(Request(fd, notif), session, ("error", errno.EPERM))
                 raise
         elif ev & (select.EPOLLHUP | select.EPOLLERR):
             self._drop(fd)
@@ -163,6 +210,9 @@ class Supervisor:
     def _answer(self, listener: int, session: Session, notif: seccomp.Notif) -> None:
         req = Request(listener, notif)
         name, handler = self._dispatch.get(req.nr, (str(req.nr), None))
+        if session.runtime is not None and name in HELD:
+            self._submit(req, session, self._run_held, req, session, name, handler)
+            return
 
         def run():
             if handler is None:
@@ -170,41 +220,117 @@ class Supervisor:
             self._act_as(session)
             return handler(req, session)
         result = self._complete(req, session, name, run)
-        if isinstance(result, Defer) and session.deferred >= MAX_DEFERRED_PER_SANDBOX:
-            # One sandbox may not occupy every worker: past its quota, it waits its turn
-            # by retrying (EAGAIN) rather than starving the others.
-            result.guard.close()
-            result = ("error", errno.EAGAIN)
         if isinstance(result, Defer):
             # A blocking on-behalf call: finish it on a worker thread, with the same rules.
             # Worker threads keep the supervisor's full capabilities only as *permitted*:
             # they drop the effective set first, like this thread does.
-            entry = (listener, req.id, result.guard)
-            with self._pending_lock:
-                session.deferred += 1
-                self._pending.add(entry)
-            try:
-                self._pool().submit(self._finish_deferred, req, session, name, result.fn,
-                                    entry)
-            except Exception:  # no worker could be started: deny, never hang
-                with self._pending_lock:
-                    session.deferred -= 1
-                    self._pending.discard(entry)
-                result.guard.close()
-                self._send(req, ("error", errno.EAGAIN))
+            self._submit(req, session, self._finish_deferred, req, session, name, result.fn,
+                         guard=result.guard)
             return
-        self._send(req, result)
+        self._send(req, session, result)
 
-    def _finish_deferred(self, req, session, name, fn, entry) -> None:
-        def run():
-            self._act_as(session)
-            return fn()
+    def _submit(self, req, session, fn, *args, guard=None) -> None:
+        """Run fn(*args) on a worker. One sandbox may not occupy every worker: past its
+        quota its calls fail with EAGAIN (retried by libc or the program) instead of
+        starving the others. A Defer's guard is registered so a dead caller aborts it."""
+        if session.deferred >= MAX_DEFERRED_PER_SANDBOX:
+            if guard is not None:
+                guard.close()
+            self._send(req, session, ("error", errno.EAGAIN))
+            return
+        entry = (req.listener, req.id, guard) if guard is not None else None
+        with self._pending_lock:
+            session.deferred += 1
+            if entry is not None:
+                self._pending.add(entry)
         try:
-            self._send(req, self._complete(req, session, name, run))
+            self._pool().submit(self._on_worker, session, entry, fn, *args)
+        except Exception:  # no worker could be started: deny, never hang
+            with self._pending_lock:
+                session.deferred -= 1
+                self._pending.discard(entry)
+            if guard is not None:
+                guard.close()
+            self._send(req, session, ("error", errno.EAGAIN))
+
+    def _on_worker(self, session, entry, fn, *args) -> None:
+        try:
+            fn(*args)
         finally:
             with self._pending_lock:
                 session.deferred -= 1
                 self._pending.discard(entry)
+
+    def _finish_deferred(self, req, session, name, fn) -> None:
+        def run():
+            self._act_as(session)
+            return fn()
+        self._send(req, session, self._complete(req, session, name, run))
+
+    def _run_held(self, req, session, name, handler) -> None:
+        """A call a policy_fn may hold, handled start to finish on this worker."""
+        def run():
+            if handler is None:
+                raise Denied(errno.ENOSYS, "no handler for this syscall")
+            self._act_as(session)
+            result = handler(req, session)
+            if isinstance(result, Defer):
+                entry = (req.listener, req.id, result.guard)
+                with self._pending_lock:
+                    self._pending.add(entry)
+                try:
+                    return result.fn()
+                finally:
+                    with self._pending_lock:
+                        self._pending.discard(entry)
+            return result
+        result = self._complete(req, session, name, run)
+        if isinstance(result, Frozen):
+            self._run_frozen(req, session, name, result)
+        else:
+            self._send(req, session, result)
+
+    def _run_frozen(self, req, session, name, frozen: Frozen) -> None:
+        """Freeze the sandbox, decide with frozen.body() and answer from inside the freeze
+        (see freeze.py). A freeze that cannot be established denies."""
+        responded = []
+
+        def respond(result):
+            responded.append(result)
+            self._send(req, session, result, exempt=True)
+
+        def body():
+            result = self._complete(req, session, name, frozen.body)
+            return result, result is CONTINUE
+        budget = FREEZE_LIMIT + (session.runtime.timeout if session.runtime else 0.0)
+        if not session.freeze_lock.acquire(timeout=budget):
+            self._deny_unfrozen(req, session, name, "another freeze of this sandbox is "
+                                                    "still in progress")
+            return
+        try:
+            with session.memory_lock:
+                session.close_gate()
+                try:
+                    tgid = thread_group(req.pid)
+                    Freeze(session, req, tgid, FREEZE_LIMIT,
+                           session.runtime.timeout if session.runtime else 0.0
+                           ).run(body, respond)
+                except (FreezeError, OSError) as e:
+                    if not responded:
+                        self._deny_unfrozen(req, session, name, str(e))
+                except Exception as e:
+                    if not responded:
+                        self._deny_unfrozen(req, session, name, f"supervisor error: {e!r}")
+                finally:
+                    session.open_gate()
+        finally:
+            session.freeze_lock.release()
+
+    def _deny_unfrozen(self, req, session, name, reason: str) -> None:
+        session.record_denial(req, name, errno.EPERM, reason)
+        if session.runtime is not None:
+            session.runtime.record_refusal(req.pid, name, reason)
+        self._send(req, session, ("error", errno.EPERM), exempt=True)
 
     def _abort_orphans(self) -> None:
         """Wake deferred calls whose caller died or was killed (its notification is gone)."""
@@ -229,7 +355,7 @@ class Supervisor:
             print(f"sandlock: supervisor error in {name}: {e!r}", file=sys.stderr)
             return ("error", errno.EPERM)
 
-    def _send(self, req, result) -> None:
+    def _send(self, req, session, result, exempt: bool = False) -> None:
         req.close()
         if result is CONTINUE:
             val, err, flags = 0, 0, seccomp.USER_NOTIF_FLAG_CONTINUE
@@ -239,10 +365,13 @@ class Supervisor:
             val, err, flags = result, 0, 0
         else:  # a handler bug: never let an unexpected value allow anything
             val, err, flags = 0, -errno.EPERM, 0
-        try:
-            seccomp.notif_send(req.listener, req.id, val, err, flags)
-        except OSError:
-            pass
+
+        def send():
+            try:
+                seccomp.notif_send(req.listener, req.id, val, err, flags)
+            except OSError:
+                pass
+        session.respond(req.id, send, exempt)
 
     def _pool(self):
         if self._workers is None:

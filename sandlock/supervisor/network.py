@@ -43,6 +43,15 @@ class Defer:
         self.guard = guard
 
 
+class Frozen:
+    """Handler result: freeze the sandbox (supervisor.freeze), then decide with `body()`,
+    which may read the caller's memory and return CONTINUE: nothing can change what it read
+    before the kernel has re-read it."""
+
+    def __init__(self, body):
+        self.body = body
+
+
 class Guard:
     """The fds an on-behalf call uses: our duplicate socket first, then any others.
 
@@ -161,16 +170,41 @@ def audit_allow(req, session, syscall, **dest):
 
 
 def inet_verdict(req, session, syscall, protocol, dest):
-    """Decide on an inet destination; returns the names it is pinned to. Raises Denied."""
+    """Decide on an inet destination; returns the names it is pinned to. Raises Denied.
+
+    The static policy decides first; a policy_fn can only narrow what it allows."""
     net = session.net
     names = net.pins.names_for(dest.address) if net.pins is not None else ()
     verdict = net.policy.decide(protocol, dest.address, dest.port, names)
     info = dict(protocol=protocol, address=str(dest.address), port=dest.port,
                 host=names[0] if names else None, rule=verdict.rule)
+    rt = session.runtime
+    if rt is not None:
+        _runtime_verdict(req, session, rt, syscall, dest, verdict.allowed, info)
     if not verdict.allowed:
         deny(req, session, syscall, verdict.reason, **info)
     audit_allow(req, session, syscall, **info)
     return names
+
+
+def _runtime_verdict(req, session, rt, syscall, dest, allowed, info) -> None:
+    """The policy_fn's say on a destination: its restrictions, then its verdict (held).
+    An event the static policy denies is only shown to it (event.denied)."""
+    from .runtime import SyscallEvent
+    tgid, ppid = req.process_ids()
+    event = SyscallEvent(syscall, "network", tgid, ppid, host=str(dest.address),
+                         port=dest.port, denied=not allowed)
+    if not allowed:
+        if "network" in rt.events:
+            rt.observe(event)
+        return
+    refusal = rt.network_refusal(tgid, dest.address)
+    if refusal is not None:
+        deny(req, session, syscall, refusal, **dict(info, rule="policy_fn"))
+    if "network" in rt.events:
+        v = rt.decide(event)
+        if not v.allow:
+            deny(req, session, syscall, v.reason, v.errno, **dict(info, rule="policy_fn"))
 
 
 def unix_target(req, session, syscall, dest) -> int:

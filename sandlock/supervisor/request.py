@@ -26,7 +26,7 @@ class Denied(Exception):
         self.reason = reason
 
 
-def _thread_group(tid: int) -> int:
+def thread_group(tid: int) -> int:
     with open(f"/proc/{tid}/status", "rb") as f:
         for line in f:
             if line.startswith(b"Tgid:"):
@@ -76,7 +76,7 @@ class Request:
             except OSError as e:
                 if e.errno not in (errno.EINVAL, errno.ENOENT):  # ENOENT: not a leader
                     raise
-                self._pidfd = pidfd.pidfd_open(_thread_group(self.pid))
+                self._pidfd = pidfd.pidfd_open(thread_group(self.pid))
             # The pid was a number until now: if the caller died and the number was reused,
             # the notification is no longer valid. Checked after opening, the pidfd then
             # pins the right process for every later use.
@@ -122,6 +122,23 @@ class Request:
         if dirfd_arg == AT_FDCWD:
             return os.open(f"/proc/{self.pid}/cwd", os.O_PATH | os.O_CLOEXEC)
         return self.dup_fd(dirfd_arg)
+
+    def process_ids(self) -> tuple[int, int]:
+        """(process id, parent process id) of the calling thread. Raises Denied if gone."""
+        tgid = ppid = None
+        try:
+            with open(f"/proc/{self.pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Tgid:"):
+                        tgid = int(line.split()[1])
+                    elif line.startswith(b"PPid:"):
+                        ppid = int(line.split()[1])
+                        break
+        except OSError:
+            pass
+        if tgid is None or ppid is None:
+            raise Denied(errno.ESRCH, "the calling task is gone")
+        return tgid, ppid
 
     def still_valid(self) -> bool:
         return seccomp.notif_id_valid(self.listener, self.id)

@@ -259,8 +259,9 @@ def sendmmsg(req: Request, session):
 
     def finish(sent):
         from .._kernel.memory import write_memory
-        for i, n in enumerate(sent):  # msg_len, as the kernel would have stored it
-            write_memory(req.pid, base + 64 * i + 56, struct.pack("<I", n))
+        with session.memory_lock:  # never while a freeze holds the sandbox (freeze.py)
+            for i, n in enumerate(sent):  # msg_len, as the kernel would have stored it
+                write_memory(req.pid, base + 64 * i + 56, struct.pack("<I", n))
         return len(sent)
     return _send(req, session, "sendmmsg",
                  lambda: [_read_msghdr(req, base + 64 * i) for i in range(vlen)], finish)

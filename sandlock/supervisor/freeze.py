@@ -1,0 +1,207 @@
+"""Freezing a sandbox around one held syscall, so that what the supervisor read is what the
+kernel acts on.
+
+A syscall whose pointer arguments the supervisor inspected may be let through (CONTINUE)
+only if nothing can rewrite that memory, or the file system the path names, between the
+inspection and the kernel's own re-read. execve cannot be performed on the sandbox's
+behalf, so for it (and for the few other held calls that need it) the whole sandbox is
+frozen instead.
+
+Invariant, enforced by `Freeze.run`: from the moment `body` starts reading the caller's
+memory until the held call has returned to the caller, no other task of the sandbox runs
+user code or a syscall. A task counts as frozen when
+  1. it reported a ptrace stop to our tracer thread (only that thread can resume it), or
+  2. it has exited, or
+  3. it is blocked in a seccomp notification of this sandbox that has been received and
+     whose answer the session's gate holds back until the freeze ends, or
+  4. it is a vfork parent waiting for its child (it cannot run before the child execs or
+     exits).
+The sandbox is its process group (setsid/setpgid are refused to sandboxes that have a
+policy_fn), so membership is kernel state the sandbox cannot misreport. A thread with a
+pending ptrace interrupt cannot complete a fork (copy_process aborts it while an interrupt
+is pending), so enumerating the group until a round finds no new task, each round after
+interrupting everything found before, leaves no task out.
+
+If the freeze cannot be established within its deadline (ptrace refused, a task that keeps
+running), the held call is denied: the invariant is never relaxed. If the released call
+does not return within the deadline, the calling process is killed rather than released
+with others running. The tracer is a thread of its own: when it ends, the kernel detaches
+every tracee at once, including tasks that never reached their stop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from .._kernel import ptrace
+
+# Syscalls a vfork parent may be blocked in until its child execs or exits (x86-64).
+_NR_CLONE, _NR_VFORK = 56, 58
+_CLONE_VFORK = 0x4000
+_POLL = 0.0002
+
+
+class FreezeError(Exception):
+    """The sandbox could not be frozen; the held call must be denied."""
+
+
+def group_tasks(pgid: int) -> list[tuple[int, int]]:
+    """(pid, tid) of every thread of every process in process group `pgid`."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                stat = os.read(fd, 1024)
+            finally:
+                os.close(fd)
+            if int(stat[stat.rindex(b")") + 2:].split(b" ", 3)[2]) != pgid:
+                continue
+            pid = int(name)
+            out.extend((pid, int(t)) for t in os.listdir(f"/proc/{name}/task"))
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+    return out
+
+
+class Freeze:
+    """One freeze of `session`'s sandbox for the held call `req` of thread `req.pid`."""
+
+    def __init__(self, session, req, tgid: int, limit: float, decision_time: float):
+        """`limit` bounds freezing and, again, the released call's return; `decision_time`
+        bounds what `body` may take (the policy_fn timeout)."""
+        self.session = session
+        self.caller = req.pid
+        self.tgid = tgid
+        self.limit = limit
+        self.decision_time = decision_time
+        self.deadline = time.monotonic() + limit
+        self.seized: dict[int, int] = {}  # tid -> pid
+        self.frozen: set[int] = set()
+
+    def run(self, body, respond) -> None:
+        """Freeze, then `respond(body())`; when the response lets the call through
+        (`body` returns a truthy `passes`), wait for the call to return before thawing.
+
+        `body()` returns (response, passes). A FreezeError before `body` runs denies."""
+        outcome: list = []
+
+        def tracer():
+            try:
+                self._freeze()
+                response, passes = body()
+                respond(response)
+                outcome.append(response)
+                if passes:
+                    self.deadline = time.monotonic() + self.limit
+                    self._await_return()
+            except BaseException as e:  # reported to the worker, which denies
+                outcome.append(e)
+
+        t = threading.Thread(target=tracer, name="sandlock-freeze", daemon=True)
+        t.start()
+        t.join(2 * self.limit + self.decision_time + 2.0)
+        if t.is_alive():  # cannot happen with bounded waits; never leave tracees behind
+            self._kill_group()
+            raise FreezeError("the freeze did not end in time; the sandbox was killed")
+        if outcome and isinstance(outcome[0], BaseException):
+            raise outcome[0]
+
+    # -- freezing --
+
+    def _seize(self, pid: int, tid: int, options: int = 0) -> None:
+        err = ptrace.seize_errno(tid, options)
+        if err == 0:
+            err = ptrace.interrupt_errno(tid)
+        if err == 0:
+            self.seized[tid] = pid
+            return
+        if ptrace.thread_state(pid, tid) in ("", "Z", "X"):
+            self.frozen.add(tid)  # exited meanwhile: nothing left to freeze
+            return
+        raise FreezeError(f"cannot freeze task {tid}: ptrace: {os.strerror(-err)}")
+
+    def _freeze(self) -> None:
+        self._seize(self.tgid, self.caller, ptrace.PTRACE_O_TRACEEXEC)
+        known = {self.caller}
+        while True:
+            new = [(p, t) for p, t in group_tasks(self.session.pgid) if t not in known]
+            if not new:
+                break
+            for pid, tid in new:
+                known.add(tid)
+                self._seize(pid, tid)
+            self._check_deadline("enumerating the sandbox")
+        others = [t for t in self.seized if t != self.caller]
+        while True:
+            waiting = [t for t in others if t not in self.frozen and not self._is_frozen(t)]
+            if not waiting:
+                return
+            self._check_deadline(f"task {waiting[0]} did not stop")
+            time.sleep(_POLL)
+
+    def _is_frozen(self, tid: int) -> bool:
+        event = ptrace.poll_tracee(tid)
+        if event is not None:
+            self.frozen.add(tid)
+            return True
+        if self.session.held_by_gate(tid):
+            return True
+        blocked = ptrace.blocked_syscall(self.seized[tid], tid)
+        if blocked is not None and (blocked[0] == _NR_VFORK or (
+                blocked[0] == _NR_CLONE and blocked[1] & _CLONE_VFORK)):
+            return True
+        return False
+
+    def _check_deadline(self, what: str) -> None:
+        if time.monotonic() > self.deadline:
+            raise FreezeError(f"could not freeze the sandbox in time: {what}")
+
+    # -- after the response --
+
+    def _await_return(self) -> None:
+        """Wait until the released call has returned to the caller (its pending interrupt
+        then stops it) or the caller is gone. Other tracees are waited for too: an exec
+        ends the caller's other threads, and a traced thread's exit completes only once
+        its tracer has collected it."""
+        watch = [self.caller] if self.caller == self.tgid else [self.caller, self.tgid]
+        others = [t for t in self.seized if t not in watch]
+        killed = False
+        while True:
+            for tid in others:
+                ptrace.poll_tracee(tid)
+            for tid in watch:
+                event = ptrace.poll_tracee(tid)
+                if event is None:
+                    continue
+                kind, detail = event
+                if tid == self.caller and kind != "gone":
+                    return
+                if tid == self.tgid and tid != self.caller and (
+                        kind != "stop" or detail == ptrace.PTRACE_EVENT_EXEC):
+                    return  # a non-leader exec'd and took the leader's id, or all exited
+                if kind == "gone" and len(watch) == 1:
+                    return
+                if kind == "gone":
+                    watch = [t for t in watch if t != tid]
+            if time.monotonic() > self.deadline:
+                if killed and time.monotonic() > self.deadline + 1.0:
+                    return  # SIGKILL cannot be refused: the process is dying
+                if not killed:
+                    killed = True
+                    try:
+                        os.kill(self.tgid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        return
+            time.sleep(_POLL)
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.session.pgid, signal.SIGKILL)
+        except OSError:
+            pass

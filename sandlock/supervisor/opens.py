@@ -1,0 +1,102 @@
+"""open, openat, openat2 and creat under a policy_fn.
+
+The callback sees the event's category only, never the path: a verdict on it needs no
+read of the caller's memory, so the call continues in the kernel (Landlock still decides
+the access). While the callback has paths denied (ctx.deny_path), the path must be read,
+so the sandbox is frozen first (supervisor.freeze) and the path is resolved under the
+freeze: the kernel then opens exactly what was checked.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from .._kernel.fileops import AT_FDCWD
+from .network import CONTINUE, Frozen
+from .request import Denied, Request
+
+O_NOFOLLOW = os.O_NOFOLLOW
+
+
+def _resolve(req: Request, dirfd: int, path: bytes, flags: int) -> list[str]:
+    """The paths an open of (dirfd, path) touches: the file (or, for a file still to be
+    created, its directory joined with the name) and the path as written."""
+    out = []
+    try:
+        fd = req.open_target(dirfd, path, 0, follow=not flags & O_NOFOLLOW)
+    except FileNotFoundError:
+        parent, _, name = path.rstrip(b"/").rpartition(b"/")
+        if path.startswith(b"/") and not parent:
+            parent = b"/"
+        try:
+            fd = req.open_target(dirfd, parent or b".", 0, follow=True)
+        except OSError:
+            return out
+        try:
+            out.append(os.path.join(os.readlink(f"/proc/self/fd/{fd}"), os.fsdecode(name)))
+        finally:
+            os.close(fd)
+    except OSError:
+        return out  # the open will fail in the kernel as well
+    else:
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        finally:
+            os.close(fd)
+    if path.startswith(b"/"):
+        out.append(os.path.normpath(os.fsdecode(path)))
+    return out
+
+
+def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_of,
+            check_path: bool):
+    from .runtime import SyscallEvent
+    rt = session.runtime
+    tgid, ppid = req.process_ids()
+    event = SyscallEvent(name, "file", tgid, ppid)
+    if check_path:
+        for real in _resolve(req, dirfd, req.read_path(path_arg), flags_of()):
+            refusal = rt.path_refusal(real)
+            if refusal is not None:
+                rt.record(event, "deny", refusal, errno.EACCES)
+                raise Denied(errno.EACCES, refusal)
+        if not req.still_valid():
+            raise Denied(errno.ESRCH, "the calling task is gone")
+    if "file" in rt.events:
+        verdict = rt.decide(event)
+        if not verdict.allow:
+            raise Denied(verdict.errno, verdict.reason)
+    return CONTINUE
+
+
+def _handler(name: str, dirfd_arg: int | None, path_arg: int, flags_arg: int | None):
+    def handler(req: Request, session):
+        dirfd = AT_FDCWD if dirfd_arg is None else req.arg_int(dirfd_arg)
+
+        def flags_of():  # only under the freeze: openat2 keeps its flags in memory
+            if name == "openat2":
+                return _openat2_flags(req)
+            return os.O_CREAT if flags_arg is None else req.arg_int(flags_arg)
+        if session.runtime.denied_paths:
+            return Frozen(lambda: _decide(req, session, name, dirfd, path_arg, flags_of,
+                                          True))
+        return _decide(req, session, name, dirfd, path_arg, flags_of, False)
+    return handler
+
+
+def _openat2_flags(req: Request) -> int:
+    """open_how.flags (read under the freeze, for path resolution only)."""
+    import struct
+    size = req.args[3]
+    if size < 8:
+        raise Denied(errno.EINVAL, "open_how too small")
+    return struct.unpack("<Q", req.read_bytes(req.args[2], 8))[0]
+
+
+HANDLERS = {
+    "open": _handler("open", None, 0, 1),
+    "creat": _handler("creat", None, 0, None),
+    "openat": _handler("openat", 0, 1, 2),
+    "openat2": _handler("openat2", 0, 1, None),
+}

@@ -1,0 +1,291 @@
+"""policy_fn: the user's callback, its events, its verdicts and what it may change.
+
+Rules enforced here:
+- The callback runs in the supervising process, on one thread per sandbox run, so events
+  reach it one at a time and in order. A held call waits for its verdict at most
+  `timeout` seconds; a callback that raises or overruns denies, and is audited. An
+  overrunning callback keeps its thread; later events get a fresh one.
+- Verdicts map exactly as the API says: None/False/0 allow; True/-1 deny with EPERM; a
+  positive int denies with that errno; "audit"/-2 allow and flag; anything else denies.
+- What the callback changes through `PolicyContext` narrows the static policy or undoes
+  its own narrowing; it can never grant beyond the static ceiling, which is checked first
+  and independently. Changes apply from the next syscall the supervisor decides.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from ..errors import SandlockError
+
+EVENT_KINDS = ("exec", "network", "process", "file")
+
+
+_CATEGORIES = {"execve": "process", "execveat": "process", "clone": "process",
+               "fork": "process", "vfork": "process", "exit_group": "process",
+               "connect": "network", "sendto": "network", "sendmsg": "network",
+               "sendmmsg": "network", "bind": "network"}
+
+
+def category_of(syscall: str) -> str:
+    return _CATEGORIES.get(syscall, "file")
+
+
+@dataclass(frozen=True)
+class SyscallEvent:
+    """One syscall the sandbox made. Paths are never included: only argv for exec."""
+    syscall: str
+    category: str  # "file", "network", "process", "memory"
+    pid: int
+    parent_pid: int = 0
+    host: str | None = None
+    port: int = 0
+    argv: tuple[str, ...] | None = None
+    denied: bool = False
+
+    def argv_contains(self, s: str) -> bool:
+        """True if an argv element contains `s` (exec events only)."""
+        return self.argv is not None and any(s in a for a in self.argv)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allow: bool
+    errno: int = 0
+    flagged: bool = False
+    reason: str = ""
+
+
+def verdict_of(result) -> Verdict:
+    """The API's mapping of a callback's return value. bool is tested before int."""
+    if result is None or result is False:
+        return Verdict(True)
+    if result is True:
+        return Verdict(False, errno.EPERM, reason="policy_fn returned True")
+    if isinstance(result, str):
+        if result == "audit":
+            return Verdict(True, flagged=True)
+        return Verdict(False, errno.EPERM, reason=f"policy_fn returned {result!r}")
+    if isinstance(result, int):
+        if result == 0:
+            return Verdict(True)
+        if result == -2:
+            return Verdict(True, flagged=True)
+        if result == -1:
+            return Verdict(False, errno.EPERM, reason="policy_fn returned -1")
+        if 0 < result < 4096:
+            return Verdict(False, result, reason=f"policy_fn returned errno {result}")
+    return Verdict(False, errno.EPERM, reason=f"policy_fn returned {result!r}, which is "
+                                              f"not a verdict")
+
+
+def _networks(ips, what: str) -> tuple:
+    if isinstance(ips, (str, bytes)):
+        raise SandlockError(f"{what}: expected a list of addresses, got {ips!r}")
+    out = []
+    for ip in ips:
+        try:
+            net = ipaddress.ip_network(str(ip).strip("[]"), strict=False)
+        except ValueError:
+            raise SandlockError(f"{what}: {ip!r} is not an IP address or CIDR") from None
+        if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96 and \
+                net.network_address.ipv4_mapped is not None:
+            net = ipaddress.ip_network(f"{net.network_address.ipv4_mapped}/"
+                                       f"{net.prefixlen - 96}")
+        out.append(net)
+    return tuple(out)
+
+
+class PolicyContext:
+    """What a callback may change, for the rest of this run."""
+
+    def __init__(self, runtime: "Runtime"):
+        self._rt = runtime
+
+    def restrict_network(self, ips) -> None:
+        """From now on, destinations must also be in `ips` (addresses or CIDRs; [] = none)."""
+        nets = _networks(ips, "restrict_network")
+        with self._rt.lock:
+            self._rt.allowed = nets
+
+    def grant_network(self, ips) -> None:
+        """Add `ips` back to a restriction (the static policy still applies first)."""
+        nets = _networks(ips, "grant_network")
+        with self._rt.lock:
+            if self._rt.allowed is not None:
+                self._rt.allowed = self._rt.allowed + nets
+            for pid, current in list(self._rt.pid_allowed.items()):
+                self._rt.pid_allowed[pid] = current + nets
+
+    def restrict_pid_network(self, pid: int, ips) -> None:
+        """Restrict only process `pid` (its later children start unrestricted)."""
+        nets = _networks(ips, "restrict_pid_network")
+        with self._rt.lock:
+            self._rt.pid_allowed[int(pid)] = nets
+
+    def deny_path(self, path) -> None:
+        """Refuse opens and execs of `path` and everything beneath it."""
+        if "file" not in self._rt.events:
+            raise SandlockError("deny_path: opens are not observed; add 'file' to "
+                                "policy_fn_events")
+        real = os.path.realpath(os.fsdecode(path))
+        with self._rt.lock:
+            if real not in self._rt.denied_paths:
+                self._rt.denied_paths = self._rt.denied_paths + (real,)
+
+    def allow_path(self, path) -> None:
+        """Undo deny_path(path). The static filesystem policy still applies."""
+        real = os.path.realpath(os.fsdecode(path))
+        with self._rt.lock:
+            self._rt.denied_paths = tuple(p for p in self._rt.denied_paths if p != real)
+
+    def restrict_max_memory(self, n: int) -> None:
+        raise SandlockError("restrict_max_memory: resource limits (max_memory) are not "
+                            "implemented in this version of sandlock")
+
+    def restrict_max_processes(self, n: int) -> None:
+        raise SandlockError("restrict_max_processes: resource limits (max_processes) are "
+                            "not implemented in this version of sandlock")
+
+
+class _CallbackThread:
+    """A thread that runs callbacks in order. Abandoned (left to finish on its own) when a
+    callback overruns: it is a daemon thread and holds nothing of the supervisor's."""
+
+    def __init__(self, fn, ctx):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, args=(fn, ctx), daemon=True,
+                                       name="sandlock-policy-fn")
+        self.thread.start()
+
+    def _serve(self, fn, ctx) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            event, then = job
+            try:
+                outcome = ("ok", fn(event, ctx))
+            except BaseException as e:
+                outcome = ("error", e)
+            try:
+                then(*outcome)
+            except Exception:
+                pass
+
+
+class Runtime:
+    """One run's policy_fn state: the callback, its thread, and the dynamic restrictions."""
+
+    def __init__(self, fn, timeout: float, events: frozenset[str], audit=None, name=None):
+        self.fn = fn
+        self.timeout = timeout
+        self.events = events
+        self.audit = audit
+        self.name = name
+        self.lock = threading.Lock()
+        self.allowed: tuple | None = None    # restrict_network
+        self.pid_allowed: dict[int, tuple] = {}
+        self.denied_paths: tuple[str, ...] = ()
+        self.flagged: list[dict] = []
+        self.ctx = PolicyContext(self)
+        self._worker: _CallbackThread | None = None
+        self._order = threading.Lock()  # guards _worker; its queue keeps arrival order
+
+    # -- calling the callback --
+
+    def _submit(self, event: SyscallEvent, then) -> _CallbackThread:
+        with self._order:
+            if self._worker is None:
+                self._worker = _CallbackThread(self.fn, self.ctx)
+            self._worker.jobs.put((event, then))
+            return self._worker
+
+    def decide(self, event: SyscallEvent, deadline: float | None = None) -> Verdict:
+        """The callback's verdict on a held event; denies on exception or timeout."""
+        limit = self.timeout if deadline is None else min(self.timeout,
+                                                          deadline - time.monotonic())
+        box: list = []
+        done = threading.Event()
+        worker = self._submit(event, lambda *outcome: (box.append(outcome), done.set()))
+        if not done.wait(max(0.0, limit)):
+            with self._order:
+                if self._worker is worker:
+                    worker.jobs.put(None)  # it exits once the overrunning call returns
+                    self._worker = None
+            return self._failed(event, f"policy_fn did not return within "
+                                       f"{self.timeout:g}s")
+        kind, value = box[0]
+        if kind == "error":
+            return self._failed(event, f"policy_fn raised {value!r}")
+        verdict = verdict_of(value)
+        if not verdict.allow:
+            self.record(event, "deny", verdict.reason, verdict.errno)
+        elif verdict.flagged:
+            self.record(event, "flag", "policy_fn flagged this event", 0)
+        return verdict
+
+    def observe(self, event: SyscallEvent) -> None:
+        """Deliver an event that is not held (process creation and exit), in order with
+        the others; its verdict is ignored except for "audit", which flags it."""
+        def then(kind, value):
+            if kind == "ok" and verdict_of(value).flagged:
+                self.record(event, "flag", "policy_fn flagged this event", 0)
+        self._submit(event, then)
+
+    def _failed(self, event: SyscallEvent, reason: str) -> Verdict:
+        self.record(event, "deny", reason, errno.EPERM)
+        return Verdict(False, errno.EPERM, reason=reason)
+
+    def record_refusal(self, pid: int, syscall: str, reason: str) -> None:
+        """A held call denied before the callback could see it (e.g. no freeze)."""
+        self.record(SyscallEvent(syscall, category_of(syscall), pid), "deny", reason,
+                     errno.EPERM)
+
+    def record(self, event: SyscallEvent, decision: str, reason: str, err: int) -> None:
+        record = dict(decision=decision, sandbox=self.name, pid=event.pid,
+                      syscall=event.syscall, category=event.category, reason=reason,
+                      rule="policy_fn")
+        if err:
+            record["errno"] = errno.errorcode.get(err, err)
+        if event.argv is not None:
+            record["argv"] = list(event.argv)
+        if event.host is not None:
+            record.update(host=event.host, port=event.port)
+        if decision == "flag":
+            with self.lock:
+                if len(self.flagged) < 1000:
+                    self.flagged.append(record)
+        if self.audit is not None:
+            self.audit.record(**record)
+
+    def close(self) -> None:
+        with self._order:
+            if self._worker is not None:
+                self._worker.jobs.put(None)
+                self._worker = None
+
+    # -- the dynamic restrictions, read by the handlers --
+
+    def network_refusal(self, pid: int, address) -> str | None:
+        """Why `address` is refused to process `pid` by the callback's restrictions."""
+        with self.lock:
+            allowed, mine = self.allowed, self.pid_allowed.get(pid)
+        for nets, what in ((allowed, "restrict_network"), (mine, "restrict_pid_network")):
+            if nets is not None and not any(address in n for n in nets
+                                            if n.version == address.version):
+                return f"{address} is outside policy_fn's {what}"
+        return None
+
+    def path_refusal(self, real: str) -> str | None:
+        from ..fs_rules import is_beneath
+        for d in self.denied_paths:
+            if is_beneath(real, d):
+                return f"{real} is denied by policy_fn's deny_path({d})"
+        return None
