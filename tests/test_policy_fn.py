@@ -1,0 +1,366 @@
+"""policy_fn: real sandboxed processes whose syscalls a Python callback judges.
+
+The race tests compile a small C program (tests/helpers/argv_race.c) whose racer rewrites
+argv while the main thread execs; with the freeze disabled the same program gets the
+refused argv executed in about a quarter of the attempts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import CONNECT, PY, run_py, sandbox
+from sandlock import PolicyError
+from sandlock._kernel import ptrace
+from sandlock.supervisor.runtime import verdict_of
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# -- verdicts --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, allow, err, flagged", [
+    (None, True, 0, False), (False, True, 0, False), (0, True, 0, False),
+    (True, False, errno.EPERM, False), (-1, False, errno.EPERM, False),
+    (errno.EACCES, False, errno.EACCES, False), (errno.ENOENT, False, errno.ENOENT, False),
+    ("audit", True, 0, True), (-2, True, 0, True),
+    ("allow", False, errno.EPERM, False), ("", False, errno.EPERM, False),
+    (2.5, False, errno.EPERM, False), ([], False, errno.EPERM, False),
+    (-3, False, errno.EPERM, False), (1 << 20, False, errno.EPERM, False),
+    (object(), False, errno.EPERM, False),
+])
+def test_verdict_mapping(value, allow, err, flagged):
+    v = verdict_of(value)
+    assert (v.allow, v.errno, v.flagged) == (allow, err, flagged)
+
+
+# Exec /bin/true with a marker argument and print the errno if the exec is refused.
+EXEC_TRUE = """
+import os
+try:
+    os.execv("/bin/true", ["/bin/true", "marker"])
+except OSError as e:
+    print(e.errno)
+"""
+
+
+@pytest.mark.parametrize("value, expect", [
+    (None, ""), (0, ""), (True, "1"), (-1, "1"), (errno.EACCES, "13"), ("audit", ""),
+    (-2, ""), ("nope", "1"),
+])
+def test_exec_verdict_forms(value, expect):
+    seen = []
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.argv == ("/bin/true", "marker"):
+            seen.append(event)
+            return value
+        return None
+    r = run_py(sandbox(policy_fn=fn, policy_fn_events=["exec"]), EXEC_TRUE)
+    assert r.success, r.stderr
+    assert r.stdout.decode().strip() == expect
+    assert len(seen) == 1 and seen[0].category == "process" and seen[0].pid > 0
+    if value in ("audit", -2):
+        assert [f["syscall"] for f in r.flagged] == ["execve"]
+        assert r.flagged[0]["argv"] == ["/bin/true", "marker"]
+    else:
+        assert r.flagged == []
+
+
+def test_callback_exception_denies_and_is_audited(tmp_path):
+    log = tmp_path / "audit.jsonl"
+
+    def fn(event, ctx):
+        if event.argv == ("/bin/true", "marker"):
+            raise ValueError("boom")
+    r = run_py(sandbox(policy_fn=fn, policy_fn_events=["exec"], audit_log=str(log)),
+               EXEC_TRUE)
+    assert r.stdout.decode().strip() == "1"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(records) == 1
+    rec = records[0]
+    assert rec["decision"] == "deny" and rec["rule"] == "policy_fn"
+    assert "raised ValueError('boom')" in rec["reason"]
+    assert rec["argv"] == ["/bin/true", "marker"] and rec["errno"] == "EPERM"
+    assert any("raised" in d["reason"] for d in r.denials)
+
+
+def test_callback_timeout_denies_and_later_events_still_work(tmp_path):
+    log = tmp_path / "audit.jsonl"
+    release = threading.Event()
+
+    def fn(event, ctx):
+        if event.argv == ("/bin/true", "marker"):
+            release.wait(10)  # far past the limit
+        return None
+    code = EXEC_TRUE.replace('print(e.errno)', 'print(e.errno, flush=True)\n'
+                             '    os.execv("/bin/echo", ["/bin/echo", "second"])')
+    start = time.monotonic()
+    r = run_py(sandbox(policy_fn=fn, policy_fn_events=["exec"], policy_fn_timeout=0.3,
+                       audit_log=str(log)), code)
+    elapsed = time.monotonic() - start
+    release.set()
+    assert r.stdout.decode().split() == ["1", "second"]
+    assert elapsed < 3
+    rec = json.loads(log.read_text().splitlines()[0])
+    assert "did not return within 0.3s" in rec["reason"]
+
+
+# -- TOCTOU: argv rewritten while the exec is checked ------------------------------------
+
+@pytest.fixture(scope="module")
+def argv_race(tmp_path_factory):
+    d = tmp_path_factory.mktemp("race")
+    exe = d / "argv_race"
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe),
+                    os.path.join(HERE, "helpers", "argv_race.c")], check=True)
+    os.chmod(d, 0o755)
+    return str(exe)
+
+
+@pytest.mark.parametrize("mode", ["thread", "clone", "shm"])
+def test_racing_argv_rewrite_never_gets_a_refused_command_run(argv_race, mode):
+    def fn(event, ctx):
+        return event.syscall == "execve" and event.argv_contains("ESCAPED")
+    sb = sandbox(fs_readable=[argv_race], policy_fn=fn, policy_fn_events=["exec"])
+    r = sb.run([argv_race, mode, "200"], timeout=120)
+    assert r.success, (r.exit_code, r.stderr)
+    lines = r.stdout.decode().splitlines()
+    denied = int(lines[-1].split("=")[1])
+    assert "ESCAPED" not in lines
+    # Both outcomes happen: the racer really was rewriting argv while the execs ran.
+    assert lines[:-1].count("allowed") + denied == 200
+    assert 0 < denied < 200
+
+
+def test_no_hang_under_denied_execs():
+    """1,000 runs of a shell whose child's exec is refused: each finishes and reports it."""
+    def fn(event, ctx):
+        return event.argv is not None and event.argv[0] == "/bin/false"
+    sb = sandbox(policy_fn=fn, policy_fn_events=["exec"])
+
+    def one(_):
+        r = sb.run(["/bin/sh", "-c", "/bin/false; echo rc=$?"], timeout=30)
+        return r.stdout, r.reason
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(1000)))
+    bad = [res for res in results if res[0] != b"rc=126\n"]
+    assert not bad, bad[:3]
+
+
+def _group_member(pgid: int, comm: bytes, timeout: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except (OSError, ValueError):
+                continue
+            fields = stat[stat.rindex(b")") + 2:].split()
+            if stat[stat.index(b"(") + 1:stat.rindex(b")")] == comm and int(fields[2]) == pgid:
+                return int(name)
+        time.sleep(0.01)
+    raise AssertionError(f"no {comm!r} in process group {pgid}")
+
+
+def test_freeze_that_cannot_be_established_denies_the_exec():
+    """Another tracer holds a bystander in the sandbox: the exec cannot be frozen -> EPERM,
+    and once that tracer is gone the same exec goes through (positive control)."""
+    from sandlock import StdioMode
+    sb = sandbox(policy_fn=lambda e, c: None, policy_fn_events=["exec"])
+    proc = sb.popen(["/bin/sh", "-c", "sleep 30 & read x; /bin/true; echo rc=$?; read x; "
+                     "/bin/true; echo rc=$?; kill $!"],
+                    stdin=StdioMode.PIPED, stdout=StdioMode.PIPED)
+    bystander = _group_member(proc.pid, b"sleep")
+    seized, release, released = threading.Event(), threading.Event(), threading.Event()
+
+    def tracer():  # a tracer thread of our own; its tracee is detached when it ends
+        deadline = time.monotonic() + 5
+        # EPERM while the supervisor's freeze of the sleep's own exec is still ending.
+        while ptrace.seize_errno(bystander) != 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seized.set()
+        release.wait(20)
+    t = threading.Thread(target=tracer)
+    t.start()
+    try:
+        assert seized.wait(6)
+        os.write(proc._stdin_fd, b"go\n")
+        first = os.read(proc._stdout_fd, 100)
+    finally:
+        release.set()
+        t.join()
+    os.write(proc._stdin_fd, b"go\n")
+    r = proc.communicate(timeout=20)
+    assert first == b"rc=126\n"
+    assert r.stdout == b"rc=0\n"
+    assert any("cannot freeze" in d["reason"] for d in proc.denials)
+
+
+# -- the context: network and paths -------------------------------------------------------
+
+def _connect_cmd(port: int, marker: str) -> str:
+    return f"{PY} -c '{CONNECT}# {marker}' 127.0.0.1:{port}"
+
+
+def test_restrict_network_after_setup_phase(tcp_server):
+    server = tcp_server()
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.argv[0] == PY and event.argv_contains("# tool"):
+            ctx.restrict_network([])
+    sb = sandbox(net_allow=[f"127.0.0.1:{server.port}"], policy_fn=fn)
+    r = sb.run(["/bin/sh", "-c", _connect_cmd(server.port, "setup") + "; "
+                + _connect_cmd(server.port, "tool")], timeout=30)
+    assert r.success, r.stderr
+    first, second = [json.loads(line) for line in r.stdout.decode().splitlines()]
+    assert first == ["ok\n"] and second == [errno.EACCES]
+    assert server.accepted == 1
+    assert any("restrict_network" in d["reason"] for d in r.denials)
+
+
+def test_grant_network_and_per_process_restriction(tcp_server):
+    server = tcp_server()
+
+    def fn(event, ctx):
+        if event.syscall != "execve" or event.argv[0] != PY:
+            return None
+        if event.argv_contains("# p1"):
+            ctx.restrict_network([])
+        elif event.argv_contains("# p2"):
+            ctx.grant_network(["127.0.0.0/8"])
+            ctx.restrict_pid_network(event.pid, ["10.0.0.1"])
+        return None
+    sb = sandbox(net_allow=[f"127.0.0.1:{server.port}"], policy_fn=fn)
+    cmd = "; ".join(_connect_cmd(server.port, m) for m in ("p1", "p2", "p3"))
+    r = sb.run(["/bin/sh", "-c", cmd], timeout=30)
+    assert r.success, r.stderr
+    results = [json.loads(line) for line in r.stdout.decode().splitlines()]
+    # p1: nothing allowed; p2: granted back, but restricted for its own pid; p3: granted.
+    assert results == [[errno.EACCES], [errno.EACCES], ["ok\n"]]
+    assert server.accepted == 1
+
+
+def test_grant_never_goes_beyond_the_static_policy(tcp_server):
+    allowed, other = tcp_server(), tcp_server("127.0.0.2")
+
+    def fn(event, ctx):
+        if event.syscall == "execve":
+            ctx.grant_network(["127.0.0.0/8"])
+    sb = sandbox(net_allow=[f"127.0.0.1:{allowed.port}"], policy_fn=fn)
+    assert json.loads(run_py(sb, CONNECT, f"127.0.0.1:{allowed.port}",
+                             f"127.0.0.2:{other.port}").stdout) == ["ok\n", errno.EACCES]
+    assert other.accepted == 0 and allowed.accepted == 1
+
+
+def test_network_events_carry_destination_and_can_be_refused(tcp_server):
+    good, bad = tcp_server(), tcp_server()
+    events = []
+
+    def fn(event, ctx):
+        if event.category == "network":
+            events.append(event)
+            return event.port == bad.port
+    sb = sandbox(net_allow=[f"127.0.0.1:{good.port},{bad.port}"], policy_fn=fn,
+                 policy_fn_events=["network"])
+    out = json.loads(run_py(sb, CONNECT, f"127.0.0.1:{good.port}", f"127.0.0.1:{bad.port}",
+                            "127.0.0.1:1").stdout)
+    assert out == ["ok\n", errno.EPERM, errno.EACCES]
+    assert good.accepted == 1 and bad.accepted == 0
+    assert [(e.syscall, e.host, e.port, e.denied) for e in events] == [
+        ("connect", "127.0.0.1", good.port, False), ("connect", "127.0.0.1", bad.port, False),
+        ("connect", "127.0.0.1", 1, True)]
+
+
+BIND = """
+import socket, sys
+for port in sys.argv[1:]:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", int(port))); print("bound")
+    except OSError as e:
+        print(e.errno)
+    s.close()
+"""
+
+
+def test_bind_events(tmp_path):
+    from conftest import free_port
+    ok_port, refused_port = free_port(), free_port()
+    events = []
+
+    def fn(event, ctx):
+        if event.syscall == "bind":
+            events.append((event.host, event.port, event.denied))
+            return event.port == refused_port
+    sb = sandbox(net_allow_bind=[ok_port, refused_port], policy_fn=fn,
+                 policy_fn_events=["network"])
+    r = run_py(sb, BIND, str(ok_port), str(refused_port))
+    assert r.stdout.decode().split() == ["bound", "1"]
+    assert events == [("127.0.0.1", ok_port, False), ("127.0.0.1", refused_port, False)]
+
+
+def test_deny_path_and_allow_path(secret_tree):
+    key = secret_tree / "secret" / "key"
+    os.symlink(key, secret_tree / "pub" / "link")
+
+    def fn(event, ctx):
+        if event.syscall != "execve":
+            return None
+        if event.argv[-1] == "deny-now":
+            ctx.deny_path(str(secret_tree / "secret"))
+        elif event.argv[-1] == "allow-now":
+            ctx.allow_path(str(secret_tree / "secret"))
+    sb = sandbox(fs_readable=[str(secret_tree)], cwd=str(secret_tree), policy_fn=fn)
+    script = ("cat secret/key; "
+              "/bin/sh -c 'cat secret/key; cat pub/link; cat pub/hello.txt' deny-now; "
+              "/bin/sh -c 'cat secret/key' allow-now")
+    r = sb.run(["/bin/sh", "-c", script], timeout=30)
+    out, err = r.stdout.decode(), r.stderr.decode()
+    # Readable before, refused (also through a symlink) while denied, readable after.
+    assert out == "TOPSECRET\nhello\nTOPSECRET\n", (out, err)
+    assert err.count("Permission denied") == 2
+    assert sum("deny_path" in d["reason"] for d in r.denials) == 2
+
+
+def test_process_events_in_order():
+    events = []
+
+    def fn(event, ctx):
+        events.append((event.syscall, event.pid, event.parent_pid))
+    sb = sandbox(policy_fn=fn, policy_fn_events=["process", "exec"])
+    r = sb.run(["/bin/sh", "-c", "/bin/true; exit 3"], timeout=30)
+    assert r.exit_code == 3
+    names = [e[0] for e in events]
+    assert names[0] == "execve" and names[-1] == "exit_group"
+    shell = events[0][1]
+    fork_at = next(i for i, e in enumerate(events) if e[0] in ("fork", "vfork", "clone"))
+    child_exec = next(i for i, e in enumerate(events) if e[0] == "execve" and e[2] == shell)
+    assert events[fork_at][1] == shell and fork_at < child_exec
+    assert ("exit_group", shell) in [(e[0], e[1]) for e in events]
+
+
+def test_process_group_escape_conflicts_with_policy_fn():
+    with pytest.raises(PolicyError, match="process group"):
+        sandbox(policy_fn=lambda e, c: None, extra_allow_syscalls=["process_group"])
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    (dict(policy_fn=42), "policy_fn: expected a callable"),
+    (dict(policy_fn=lambda e, c: None, policy_fn_events=["exec", "disk"]), "'disk'"),
+    (dict(policy_fn=lambda e, c: None, policy_fn_events="exec"), "expected a list"),
+    (dict(policy_fn=lambda e, c: None, policy_fn_timeout=0), "policy_fn_timeout"),
+    (dict(policy_fn_events=["exec"]), "without a policy_fn"),
+])
+def test_bad_policy_fn_settings(kw, fragment):
+    with pytest.raises(PolicyError, match=fragment):
+        sandbox(**kw)
