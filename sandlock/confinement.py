@@ -29,6 +29,7 @@ class Confinement:
     cap_last: int
     rlimits: tuple[tuple[int, int, int], ...]
     degradations: tuple[str, ...]
+    subreaper: bool = False  # the program adopts the sandbox's orphans (policy_fn freezes)
 
 
 def _build_ruleset(policy: Policy, abi: int,
@@ -107,4 +108,5 @@ def build(policy: Policy) -> Confinement:
         cap_last=caps.cap_last_cap(),
         rlimits=tuple(limits),
         degradations=tuple(accepted),
+        subreaper=policy.policy_fn is not None,
     )

@@ -27,7 +27,7 @@ HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libexec", "s
 STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
          "securebits", "capability bounding set", "capset", "ambient capabilities",
          "no_new_privs", "landlock_restrict_self", "reading the seccomp program", "seccomp",
-         "handshake", "close-on-exec", "execve")
+         "handshake", "close-on-exec", "execve", "subreaper")
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
 _FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF = 3, 4, 5, 6
@@ -76,7 +76,8 @@ def _helper_argv(conf: Confinement, exe: bytes, argv: list[bytes], cwd: str | No
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0",
-            "1" if conf.ruleset is not None else "0", rlimits, "--", exe] + argv
+            str((1 if conf.ruleset is not None else 0) | (2 if conf.subreaper else 0)),
+            rlimits, "--", exe] + argv
 
 
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],

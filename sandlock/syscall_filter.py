@@ -77,6 +77,7 @@ _INODE_FLAG_IOCTLS = (0x40086602, 0x40046602, 0x401C5820, 0x40806685)
 _ROUTING_SOCKOPTS = ((0, 4), (41, 3), (41, 4), (41, 5), (41, 6), (41, 9), (41, 54), (41, 55),
                      (41, 57), (41, 59))
 _CLONE_FILES = 0x00000400
+_CLONE_PARENT = 0x00008000
 _CLONE_THREAD = 0x00010000
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -206,6 +207,9 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
         deny = deny | frozenset(RUNTIME_DENY)
     for name in sorted(deny):
         f.add_rule(eperm, syscall_number(name))
+    if runtime_events:
+        # CLONE_PARENT would make a sibling of the program, outside its process tree.
+        f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_PARENT, _CLONE_PARENT))
     observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]})
     for name in observed:  # only reachable with the supervisor (build() checks)
         f.add_rule(sc.NOTIFY, syscall_number(name))

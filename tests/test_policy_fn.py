@@ -364,3 +364,47 @@ def test_process_group_escape_conflicts_with_policy_fn():
 def test_bad_policy_fn_settings(kw, fragment):
     with pytest.raises(PolicyError, match=fragment):
         sandbox(**kw)
+
+
+CLONE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for flags in (17, 0x8000 | 17):  # SIGCHLD (a plain fork), then CLONE_PARENT | SIGCHLD
+    pid = libc.syscall(56, flags, 0, 0, 0, 0)
+    if pid == 0:
+        os._exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+        print("forked")
+    else:
+        print(ctypes.get_errno())
+"""
+
+
+def test_clone_parent_is_refused_under_policy_fn():
+    """A CLONE_PARENT child would sit outside the program's process tree, which the freeze
+    walks; a plain fork still works."""
+    r = run_py(sandbox(policy_fn=lambda e, c: None, policy_fn_events=["exec"]), CLONE)
+    assert r.stdout.decode().split() == ["forked", str(errno.EPERM)]
+
+
+def test_orphans_are_still_frozen_after_the_program_exits(tmp_path):
+    """The program exits first; its orphaned child later execs: found by the process-group
+    scan, frozen, judged, and run."""
+    out = tmp_path / "out"
+    os.chmod(tmp_path, 0o777)
+    seen = []
+
+    def fn(event, ctx):
+        if event.argv and event.argv[0] == "/bin/echo":
+            seen.append(event.argv)
+    sb = sandbox(fs_writable=[str(tmp_path)], policy_fn=fn, policy_fn_events=["exec"])
+    proc = sb.popen(["/bin/sh", "-c", f"(sleep 0.4; /bin/echo orphan-ran > {out}) & exit 0"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.read_text() == "orphan-ran\n"
+        assert seen == [("/bin/echo", "orphan-ran")]
+    finally:
+        proc.close()

@@ -8,8 +8,10 @@
  *   4 ack (read): one byte from the parent once it holds the seccomp listener
  *   5 Landlock ruleset, or -1 in argv when Landlock is unavailable (degraded)
  *   6 BPF program (struct sock_filter[]), read with pread
- * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) HAS_RULESET(0|1)
+ * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) FLAGS
  *       RLIMITS("res:soft:hard,..." or "-") -- EXE ARGV0 ARGV...
+ * FLAGS: bit 0 = a Landlock ruleset is at fd 5; bit 1 = become a child subreaper (the
+ * sandbox's orphans then stay its descendants: sandlock/supervisor/freeze.py walks them).
  *
  * Order: close every other fd -> cwd -> rlimits -> capabilities -> NO_NEW_PRIVS ->
  * Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
@@ -38,7 +40,7 @@ extern char **environ;
 /* Step numbers: must match sandlock/launch.py STEPS. */
 enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, ST_BOUNDING,
        ST_CAPSET, ST_AMBIENT, ST_NO_NEW_PRIVS, ST_LANDLOCK, ST_SECCOMP_READ, ST_SECCOMP,
-       ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE };
+       ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER };
 
 enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6 };
 
@@ -133,7 +135,8 @@ int main(int argc, char **argv) {
     uint64_t keep = parse_num(argv[2], 16);
     int cap_last = (int)parse_num(argv[3], 10);
     int privileged = (int)parse_num(argv[4], 10);
-    int has_ruleset = (int)parse_num(argv[5], 10);
+    int flags = (int)parse_num(argv[5], 10);
+    int has_ruleset = flags & 1;
     if (cap_last > 63)
         fail(ST_ARGS, EINVAL);
 
@@ -142,6 +145,8 @@ int main(int argc, char **argv) {
         fail(ST_CLOSE_FDS, errno);
     if (strcmp(cwd, "-") != 0 && chdir(cwd) < 0)
         fail(ST_CHDIR, errno);
+    if ((flags & 2) && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+        fail(ST_SUBREAPER, errno);
     set_rlimits(argv[6]);
     drop_capabilities(keep, cap_last, privileged);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

@@ -17,10 +17,13 @@ user code or a syscall. A task counts as frozen when
   4. it is a vfork parent waiting for its child (it cannot run before the child execs or
      exits).
 The sandbox is its process group (setsid/setpgid are refused to sandboxes that have a
-policy_fn), so membership is kernel state the sandbox cannot misreport. A thread with a
-pending ptrace interrupt cannot complete a fork (copy_process aborts it while an interrupt
-is pending), so enumerating the group until a round finds no new task, each round after
-interrupting everything found before, leaves no task out.
+policy_fn), so membership is kernel state the sandbox cannot misreport. While the program
+(the group's leader) lives, the group is exactly its descendants: it is a child subreaper
+(orphans stay below it) and CLONE_PARENT is refused, so the tree is walked; once it is
+gone, every process's group id is read instead. A thread with a pending ptrace interrupt
+cannot complete a fork (copy_process aborts it while an interrupt is pending), so
+enumerating until a round finds no new task, each round after interrupting everything
+found before, leaves no task out.
 
 If the freeze cannot be established within its deadline (ptrace refused, a task that keeps
 running), the held call is denied: the invariant is never relaxed. If the released call
@@ -69,6 +72,33 @@ def group_tasks(pgid: int) -> list[tuple[int, int]]:
     return out
 
 
+def tree_tasks(root: int) -> list[tuple[int, int]] | None:
+    """(pid, tid) of every thread of `root` and its descendants; None if `root` is not a
+    live process leading its group (its orphans may then have left the tree)."""
+    out, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # exited meanwhile: its children were handed to `root`
+        for t in tids:
+            out.append((pid, int(t)))
+            try:
+                with open(f"/proc/{pid}/task/{t}/children", "rb") as f:
+                    stack.extend(int(c) for c in f.read().split())
+            except OSError:
+                pass
+    try:
+        with open(f"/proc/{root}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2:].split(b" ", 3)
+        alive = fields[0] not in (b"Z", b"X") and int(fields[2]) == root
+    except (OSError, ValueError, IndexError):
+        alive = False
+    return out if alive else None
+
+
 class Freeze:
     """One freeze of `session`'s sandbox for the held call `req` of thread `req.pid`."""
 
@@ -105,7 +135,15 @@ class Freeze:
 
         t = threading.Thread(target=tracer, name="sandlock-freeze", daemon=True)
         t.start()
-        t.join(2 * self.limit + self.decision_time + 2.0)
+        t.join(2 * self.limit + self.decision_time + 0.5)
+        if t.is_alive():
+            # The released call has not returned (an exec stuck loading its file, say):
+            # others stay frozen until the caller is gone, never released beside it.
+            try:
+                os.kill(self.tgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            t.join(2.0)
         if t.is_alive():  # cannot happen with bounded waits; never leave tracees behind
             self._kill_group()
             raise FreezeError("the freeze did not end in time; the sandbox was killed")
@@ -129,21 +167,27 @@ class Freeze:
     def _freeze(self) -> None:
         self._seize(self.tgid, self.caller, ptrace.PTRACE_O_TRACEEXEC)
         known = {self.caller}
+        pgid = self.session.pgid
         while True:
-            new = [(p, t) for p, t in group_tasks(self.session.pgid) if t not in known]
+            tasks = tree_tasks(pgid)
+            if tasks is None:
+                tasks = group_tasks(pgid)
+            new = [(p, t) for p, t in tasks if t not in known]
             if not new:
                 break
             for pid, tid in new:
                 known.add(tid)
                 self._seize(pid, tid)
             self._check_deadline("enumerating the sandbox")
-        others = [t for t in self.seized if t != self.caller]
+        waiting = [t for t in self.seized if t != self.caller]
+        delay = 0.0
         while True:
-            waiting = [t for t in others if t not in self.frozen and not self._is_frozen(t)]
+            waiting = [t for t in waiting if t not in self.frozen and not self._is_frozen(t)]
             if not waiting:
                 return
             self._check_deadline(f"task {waiting[0]} did not stop")
-            time.sleep(_POLL)
+            time.sleep(delay)  # 0 first: most tasks stop within microseconds
+            delay = min(_POLL, delay * 2 or 0.00002)
 
     def _is_frozen(self, tid: int) -> bool:
         event = ptrace.poll_tracee(tid)
@@ -168,7 +212,18 @@ class Freeze:
         """Wait until the released call has returned to the caller (its pending interrupt
         then stops it) or the caller is gone. Other tracees are waited for too: an exec
         ends the caller's other threads, and a traced thread's exit completes only once
-        its tracer has collected it."""
+        its tracer has collected it. A caller alone in its process is waited for without
+        polling; `run` kills it if it does not come back in time."""
+        if self.caller == self.tgid and not any(
+                pid == self.tgid for tid, pid in self.seized.items() if tid != self.caller):
+            while True:
+                try:
+                    os.waitpid(self.caller, ptrace.WALL)
+                    return  # stopped on return (or at the exec event), or exited
+                except InterruptedError:
+                    continue
+                except ChildProcessError:
+                    return
         watch = [self.caller] if self.caller == self.tgid else [self.caller, self.tgid]
         others = [t for t in self.seized if t not in watch]
         killed = False
