@@ -142,7 +142,16 @@ def test_no_fd_leak_after_200_runs():
         if len(after) == len(before):
             break
         time.sleep(0.05)
-    assert len(after) == len(before), (before, after)
+    def targets(fds):
+        out = {}
+        for fd in fds:
+            try:
+                out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                pass
+        return out
+    assert len(after) == len(before), {fd: t for fd, t in targets(after).items()
+                                       if fd not in before}
 
 
 def test_sandbox_fields_are_validated_on_change(tmp_path):

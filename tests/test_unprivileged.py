@@ -67,7 +67,7 @@ def test_suite_passes_unprivileged(public_dir):
     work = tmp_path / "unpriv"
     site = work / "site"
     site.mkdir(parents=True)
-    for package in ("sandlock", "netpolicy", "policies"):
+    for package in ("sandlock", "netpolicy", "policies", "examples"):
         shutil.copytree(os.path.join(ROOT, package), work / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(os.path.join(ROOT, "tests"), work / "tests",
