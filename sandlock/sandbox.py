@@ -554,6 +554,9 @@ def confine(sandbox: Sandbox) -> None:
             or policy.unix_allow:
         raise PolicyError("confine() applies the filesystem policy only; network rules need "
                           "the supervisor of Sandbox.run()/popen()")
+    if policy.policy_fn is not None:
+        raise PolicyError("confine() applies the filesystem policy only; policy_fn needs "
+                          "the supervisor of Sandbox.run()/popen()")
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise SandlockError(f"confine() needs a single-threaded process (this one has "
