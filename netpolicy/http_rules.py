@@ -191,3 +191,41 @@ class HttpPolicy:
             if rule.matches(method, host, path, query, headers):
                 return HttpVerdict(True, rule.spec, "allowed")
         return HttpVerdict(False, "default:deny", f"no rule allows {method} {host}{path}")
+
+
+def _host_matches(rule: HttpRule, host: str) -> bool:
+    if rule.host is None:
+        return True
+    if rule.wildcard is None:
+        return host == rule.host
+    return host.endswith("." + rule.host) or (rule.wildcard == "deep" and host == rule.host)
+
+
+def _host_wide(rule: HttpRule) -> bool:
+    """A rule that says nothing about method, path, query or headers."""
+    return (rule.methods is None and rule.prefix and rule.path == "/"
+            and not rule.query and not rule.headers)
+
+
+def decide_tls_host(policy: HttpPolicy, host: str) -> HttpVerdict:
+    """A TLS connection seen only by its SNI: the host is all there is to decide on. A rule
+    for this host that needs method, path, query or headers cannot be enforced without
+    interception, so it refuses the connection (a deny rule) or does not allow it."""
+    for rule in policy.deny:
+        if _host_matches(rule, host):
+            if _host_wide(rule):
+                return HttpVerdict(False, rule.spec, f"denied by {rule.spec}")
+            return HttpVerdict(False, rule.spec, f"{rule.spec} needs the request itself: "
+                                                 f"HTTPS interception is required")
+    if not policy.allow:
+        return HttpVerdict(True, "default:allow", "no allow rules")
+    partial = None
+    for rule in policy.allow:
+        if _host_matches(rule, host):
+            if _host_wide(rule):
+                return HttpVerdict(True, rule.spec, "allowed")
+            partial = partial or rule
+    if partial is not None:
+        return HttpVerdict(False, partial.spec, f"{partial.spec} allows only some requests "
+                                                f"to {host}: HTTPS interception is required")
+    return HttpVerdict(False, "default:deny", f"no rule allows HTTPS to {host}")

@@ -71,6 +71,8 @@ class Policy:
     no_coredump: bool
     allow_degraded: bool
     name: str | None
+    http: object = None              # netpolicy HttpPolicy, or None without HTTP rules
+    http_ports: frozenset = frozenset()  # TCP ports whose connections the HTTP filter sees
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
     policy_fn_timeout: float = 2.0
     runtime_events: frozenset = frozenset()  # event kinds it sees; empty without policy_fn
@@ -81,9 +83,8 @@ class Policy:
 _NOT_YET = {
     "net_deny_bind": "bind deny rules",
     "port_remap": "port remapping",
-    "http_allow": "the HTTP filter", "http_deny": "the HTTP filter",
-    "http_ports": "the HTTP filter", "http_ca": "the HTTP filter", "http_key": "the HTTP filter",
-    "http_inject_ca": "the HTTP filter", "http_ca_out": "the HTTP filter",
+    "http_ca": "HTTPS interception", "http_key": "HTTPS interception",
+    "http_inject_ca": "HTTPS interception", "http_ca_out": "HTTPS interception",
     "workdir": "the copy-on-write workspace", "fs_storage": "the copy-on-write workspace",
     "max_disk": "the copy-on-write workspace",
     "max_memory": "resource limits", "max_processes": "resource limits",
@@ -269,6 +270,35 @@ def parse_runtime(fields: dict, deny_syscalls: frozenset[str]):
     return fn, float(timeout), frozenset(events)
 
 
+def parse_http(fields: dict):
+    """(HttpPolicy or None, ports). Ports default to 80 and 443 (TLS is recognised by its
+    first byte, and decided on its SNI)."""
+    from netpolicy.http_rules import HttpPolicy, HttpRuleError
+    allow, deny, ports = (fields.get("http_allow"), fields.get("http_deny"),
+                          fields.get("http_ports"))
+    for name, value in (("http_allow", allow), ("http_deny", deny)):
+        if isinstance(value, (str, bytes, dict)):
+            raise PolicyError(f"{name}: expected a list of rules, got {value!r}")
+    if not allow and not deny:
+        if ports:
+            raise PolicyError("http_ports: set without http_allow or http_deny rules")
+        return None, frozenset()
+    policy = HttpPolicy()
+    for name, value in (("http_allow", allow), ("http_deny", deny)):
+        try:
+            rules = HttpPolicy.from_rules(value or (), ())
+        except HttpRuleError as e:
+            raise PolicyError(f"{name}: {e}") from None
+        policy = HttpPolicy(policy.allow + (rules.allow if name == "http_allow" else ()),
+                            policy.deny + (rules.allow if name == "http_deny" else ()))
+    if ports is None:
+        ports = (80, 443)
+    if isinstance(ports, (str, bytes)) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports):
+        raise PolicyError(f"http_ports: expected a list of ports 1-65535, got {ports!r}")
+    return policy, frozenset(ports)
+
+
 def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     """Validate the user's fields; `deny_syscalls` comes from sandlock.syscall_filter."""
     reject_unimplemented(fields)
@@ -290,7 +320,9 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     endpoints = parse_endpoints(fields.get("net_allow"), fields.get("net_deny"),
                                 fields.get("net_allow_private"))
     unix_allow = _unix_grants(fields.get("net_allow_unix"))
-    tcp_by_landlock = not endpoints.deny and all(
+    http, http_ports = parse_http(fields)
+    # With HTTP rules every TCP connect is seen: those to an HTTP port go to the filter.
+    tcp_by_landlock = http is None and not endpoints.deny and all(
         r.any_address for r in endpoints.allow if "tcp" in r.protocols)
     protocols = endpoints.protocols()
     dns_servers = tuple(fields.get("dns_servers") or ())
@@ -331,6 +363,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         no_coredump=bool(fields.get("no_coredump")),
         allow_degraded=bool(fields.get("allow_degraded")),
         name=fields.get("name"),
+        http=http, http_ports=http_ports,
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,
     )

@@ -62,6 +62,12 @@ def connect(req: Request, session):
     except BaseException:
         os.close(fd)
         raise
+    if protocol == "tcp" and net.http is not None and dest.port in net.http_ports:
+        # The endpoint policy admits the destination; the HTTP filter judges each request
+        # (netpolicy.http_proxy) and connects there itself once one is allowed.
+        from netpolicy.http_proxy import http_proxy
+        ctx = net.http_context(req, session, dest)
+        return run_action(fd, True, lambda: _redirect(fd, domain, http_proxy(), ctx))
     # The pidfd behind our duplicate was checked with ID_VALID when it was opened, so the
     # socket is the caller's even if the caller has died since.
     return connect_action(fd, dest.raw, stype)
@@ -91,7 +97,12 @@ def _connect(fd: int, raw: bytes) -> int:
 
 def _redirect_dns(req, session, fd, domain):
     """Connect the child's TCP socket to our DNS responder instead of its nameserver."""
-    proxy = session.net.dns_proxy()
+    return _redirect(fd, domain, session.net.dns_proxy(), session.net.dns_context(req))
+
+
+def _redirect(fd, domain, proxy, ctx):
+    """Connect the child's TCP socket to one of our loopback responders (DNS, HTTP filter)
+    instead of where it asked, registered under the socket's own address with `ctx`."""
     host, port = proxy.address
     if domain == AF_INET6:
         mapped = socket.inet_pton(AF_INET6, "::ffff:" + host)
@@ -108,7 +119,7 @@ def _redirect_dns(req, session, fd, domain):
         if e.errno != errno.EINVAL:  # EINVAL: already bound, keep that address
             raise
     client = struct.unpack_from("!H", sockets.getsockname(fd), 2)[0]
-    proxy.expect((host, client), session.net.dns_context(req))
+    proxy.expect((host, client), ctx)
     sockets.connect(fd, remote)
     return 0
 

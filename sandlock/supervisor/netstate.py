@@ -31,6 +31,8 @@ class NetState:
         self.policy = policy.endpoints
         self.unix_allow = policy.unix_allow
         self.tcp_by_landlock = policy.tcp_by_landlock
+        self.http = policy.http            # HttpPolicy or None
+        self.http_ports = policy.http_ports
         self.audit = audit
         self.dns_enabled = bool(self.policy.hostnames)
         self.resolver = self.pins = None
@@ -76,6 +78,21 @@ class NetState:
     def dns_proxy(self):
         from netpolicy.dns_proxy import dns_proxy
         return dns_proxy()
+
+    def http_context(self, req, session, dest):
+        """What the HTTP filter needs to judge a connection redirected to it."""
+        from netpolicy.http_proxy import HttpContext
+        from .network import argv_of
+        audit = self.audit
+        record = None
+        if audit is not None:
+            def record(**fields):
+                audit.record(syscall="connect", **fields)
+        pins = self.pins
+        return HttpContext(dest.address, dest.port, self.http,
+                           pins.names_for if pins is not None else (lambda a: ()),
+                           record, {"sandbox": session.name, "pid": req.pid,
+                                    "argv": argv_of(req.pid)})
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext

@@ -1,0 +1,475 @@
+"""The HTTP filter: a loopback proxy that sandboxes' HTTP connections are redirected to.
+
+The supervisor connects a sandbox's socket here instead of to the destination it asked
+for, and registers the client address with an `HttpContext` (that original destination,
+already admitted by the endpoint policy, the HTTP rules, the DNS pins, the audit sink).
+
+Rules enforced here (netpolicy-threats, "HTTP requests" and "TLS"):
+- Nothing the sandbox sends is relayed as raw bytes. Each request's bytes pass the strict
+  framer (http_framing) before h11 parses them; the request is checked, then re-serialised
+  with framing and hop-by-hop headers recomputed, and its target is exactly the normalised
+  string that was matched. Every request on a connection is checked, pipelined ones too.
+- The upstream connection is opened only after the first request is allowed, to the
+  original destination, which is the address the Host resolved to (pinned) or the literal
+  address the Host names; any other Host is refused, never forwarded on trust.
+- Protocol switches (Upgrade, CONNECT, HTTP/2) are refused; Expect: 100-continue is
+  answered by us after the decision, so no body goes upstream before it.
+- TLS connections are decided on their ClientHello's SNI (tls_sni) and then spliced.
+- Any error denies: 400 for what cannot be framed or normalised, 403 for a decision, and
+  the connection is closed. Every socket wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import select
+import socket
+import threading
+import time
+from urllib.parse import parse_qs
+
+import h11
+
+from .endpoint import canonical_address
+from .http_framing import FramingError, RequestFramer
+from .http_path import PathError, normalize_path, split_target
+from .http_rules import HttpPolicy, decide_tls_host
+from .tls_sni import SniError, client_hello_sni
+
+IDLE_TIMEOUT = 30.0       # no byte from either side for this long: close
+CONNECT_TIMEOUT = 10.0
+MAX_CONNECTIONS = 256     # served at once, across all sandboxes
+EXPECT_TTL = 10.0
+CHUNK = 65536
+_HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization",
+               b"proxy-authenticate", b"te", b"trailer", b"transfer-encoding", b"upgrade",
+               b"content-length", b"expect"}
+
+
+class HttpContext:
+    """One redirected connection: where it was going and how to judge it. Whether it
+    speaks TLS is read from its first byte (a handshake record), not assumed from the
+    port."""
+
+    def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
+                 info=None):
+        self.address = ipaddress.ip_address(address)
+        self.port = port
+        self.policy = policy
+        self.names_for = names_for  # address -> names the sandbox resolved to it
+        self.audit = audit          # callable(**record), or None
+        self.info = info or {}      # sandbox, pid, argv for the audit records
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, reason: str, rule: str = "default:deny", **fields):
+        super().__init__(reason)
+        self.status, self.reason, self.rule, self.fields = status, reason, rule, fields
+
+
+class Decided:
+    """An allowed request: what will be sent upstream."""
+
+    def __init__(self, method: bytes, target: bytes, host: str, headers: list, path: str,
+                 rule: str):
+        self.method, self.target, self.host, self.headers = method, target, host, headers
+        self.path, self.rule = path, rule
+
+
+def _parse_host(value: str) -> tuple[str, int | None]:
+    """Host header or authority -> (lower-case host without trailing dot, port or None)."""
+    if not value or "@" in value or any(c in value for c in " \t/\\?#"):
+        raise Refusal(400, f"malformed host {value[:60]!r}")
+    port = None
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            raise Refusal(400, "malformed IPv6 host")
+        host, rest = value[1:end], value[end + 1:]
+        if rest:
+            if not rest.startswith(":") or not rest[1:].isdigit():
+                raise Refusal(400, "malformed host port")
+            port = int(rest[1:])
+    else:
+        host, sep, p = value.rpartition(":")
+        if not sep:
+            host = value
+        elif not p.isdigit() or not host:
+            raise Refusal(400, "malformed host port")
+        else:
+            port = int(p)
+    try:
+        host.encode("ascii")
+    except UnicodeEncodeError:
+        raise Refusal(400, "non-ASCII host (policies name A-labels)") from None
+    host = host.lower()
+    if host.endswith("."):
+        host = host[:-1]
+    if not host or host.endswith("."):
+        raise Refusal(400, "malformed host")
+    if port is not None and not 0 < port < 65536:
+        raise Refusal(400, "host port out of range")
+    return host, port
+
+
+def _literal(host: str):
+    try:
+        return canonical_address(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+
+
+def check_destination(ctx: HttpContext, host: str) -> None:
+    """The host must be the destination: its literal address, or a name the sandbox
+    resolved (through Sandlock) to that address."""
+    literal = _literal(host)
+    if literal is not None:
+        if literal != ctx.address:
+            raise Refusal(403, f"host {host} is not the connection's destination "
+                               f"{ctx.address}", "default:destination")
+        return
+    if host not in ctx.names_for(ctx.address):
+        raise Refusal(403, f"host {host} does not resolve to the destination {ctx.address} "
+                           f"(domain fronting is refused)", "default:destination")
+
+
+def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
+    """Check one parsed request; raises Refusal. Pure except for ctx.names_for."""
+    method = req.method.decode("ascii")
+    if method == "CONNECT":
+        raise Refusal(403, "CONNECT is refused (tunnels cannot be inspected)", "default:protocol")
+    headers = [(n.lower(), v) for n, v in req.headers]
+    upgrade = [v for n, v in headers if n == b"upgrade"]
+    if upgrade:
+        raise Refusal(403, f"protocol switch refused (Upgrade: {upgrade[0][:40].decode('latin-1')})",
+                      "default:protocol")
+    hosts = [v for n, v in headers if n == b"host"]
+    if len(hosts) != 1:
+        raise Refusal(400, "a request needs exactly one Host header")
+    host, port = _parse_host(hosts[0].decode("latin-1"))
+    if port is not None and port != ctx.port:
+        raise Refusal(403, f"Host port {port} is not the connection's port {ctx.port}",
+                      "default:destination")
+    target = req.target.decode("latin-1")
+    if target.startswith(("http://", "https://")):
+        scheme, _, rest = target.partition("://")
+        if scheme != "http":
+            raise Refusal(400, "https:// target on a plain HTTP connection")
+        authority, slash, rest = rest.partition("/")
+        if _parse_host(authority) != (host, port):
+            raise Refusal(400, "absolute-form authority differs from Host")
+        target = slash + rest if slash else "/"
+    if not target.startswith("/"):
+        raise Refusal(400, f"request target {target[:60]!r} is not a path")
+    try:
+        raw_path, query = split_target(target)
+        path = normalize_path(raw_path)
+    except PathError as e:
+        raise Refusal(400, f"refused path: {e}") from None
+    check_destination(ctx, host)
+    qs = parse_qs(query, keep_blank_values=True) if query else {}
+    hdrs: dict[str, list[str]] = {}
+    for n, v in headers:
+        hdrs.setdefault(n.decode("latin-1"), []).append(v.decode("latin-1"))
+    verdict = ctx.policy.decide(method, host, path, qs, hdrs)
+    if not verdict.allowed:
+        raise Refusal(403, verdict.reason, verdict.rule, method=method, host=host, path=path)
+    forwarded = path + ("?" + query if query is not None else "")
+    keep = [(n, v) for n, v in headers if n not in _HOP_BY_HOP and n != b"host"]
+    keep.insert(0, (b"host", hosts[0]))
+    lengths = [v for n, v in headers if n == b"content-length"]
+    if lengths:
+        keep.append((b"content-length", lengths[0]))
+    elif any(n == b"transfer-encoding" for n, _ in headers):
+        keep.append((b"transfer-encoding", b"chunked"))
+    return Decided(req.method, forwarded.encode("ascii"), host, keep, path, verdict.rule)
+
+
+class _Closed(Exception):
+    pass
+
+
+def _recv(sock: socket.socket, deadline_fn) -> bytes:
+    sock.settimeout(max(0.01, deadline_fn()))
+    try:
+        return sock.recv(CHUNK)
+    except socket.timeout:
+        raise _Closed("idle timeout") from None
+
+
+class HttpFilterProxy:
+    def __init__(self):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(256)
+        self.address = self._sock.getsockname()
+        self._clients: dict[tuple[str, int], tuple[HttpContext, float]] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        threading.Thread(target=self._accept_loop, name="sandlock-http", daemon=True).start()
+
+    def expect(self, client: tuple[str, int], ctx: HttpContext) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, (_, t) in self._clients.items() if now - t > EXPECT_TTL]:
+                del self._clients[key]
+            self._clients[client] = (ctx, now)
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, peer = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                entry = self._clients.pop(peer[:2], None)
+            if entry is None or not self._slots.acquire(blocking=False):
+                conn.close()
+                continue
+            threading.Thread(target=self._run, args=(conn, entry[0]),
+                             daemon=True, name="sandlock-http-conn").start()
+
+    def _run(self, conn, ctx) -> None:
+        try:
+            conn.settimeout(IDLE_TIMEOUT)
+            try:
+                first = conn.recv(1, socket.MSG_PEEK)
+            except socket.timeout:
+                return
+            if not first:
+                return
+            (self._serve_tls if first == b"\x16" else self._serve_http)(conn, ctx)
+        except Exception:
+            pass  # a failure ends the connection; it never lets anything through
+        finally:
+            conn.close()
+            self._slots.release()
+
+    # -- audit --
+
+    def _audit(self, ctx, decision, **fields) -> None:
+        if ctx.audit is not None:
+            ctx.audit(decision=decision, **ctx.info, address=str(ctx.address), port=ctx.port,
+                      **fields)
+
+    # -- plain HTTP --
+
+    def _serve_http(self, conn: socket.socket, ctx: HttpContext) -> None:
+        state = _HttpConnection(conn, ctx)
+        try:
+            state.serve(self)
+        finally:
+            state.close_upstream()
+
+    # -- TLS, decided on the SNI --
+
+    def _serve_tls(self, conn: socket.socket, ctx: HttpContext) -> None:
+        deadline = time.monotonic() + IDLE_TIMEOUT
+        buf = b""
+        try:
+            while True:
+                data = _recv(conn, lambda: deadline - time.monotonic())
+                if not data:
+                    return
+                buf += data
+                sni = client_hello_sni(buf)
+                if sni is not None:
+                    break
+        except (SniError, _Closed) as e:
+            self._audit(ctx, "deny", protocol="tls", rule="default:sni", reason=str(e),
+                        errno="EACCES")
+            return
+        try:
+            check_destination(ctx, sni)
+            verdict = decide_tls_host(ctx.policy, sni)
+            if not verdict.allowed:
+                raise Refusal(403, verdict.reason, verdict.rule)
+        except Refusal as r:
+            self._audit(ctx, "deny", protocol="tls", host=sni, rule=r.rule, reason=r.reason,
+                        errno="EACCES")
+            return
+        self._audit(ctx, "allow", protocol="tls", host=sni, rule=verdict.rule)
+        up = socket.create_connection((str(ctx.address), ctx.port), timeout=CONNECT_TIMEOUT)
+        try:
+            up.sendall(buf)
+            _splice(conn, up)
+        finally:
+            up.close()
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    """Relay both ways until either side closes or IDLE_TIMEOUT passes without a byte."""
+    a.setblocking(True)
+    b.setblocking(True)
+    a.settimeout(None)
+    b.settimeout(None)
+    peers = {a: b, b: a}
+    open_ = {a, b}
+    while open_:
+        ready, _, _ = select.select(list(open_), [], [], IDLE_TIMEOUT)
+        if not ready:
+            return
+        for s in ready:
+            data = s.recv(CHUNK)
+            if not data:
+                open_.discard(s)
+                try:
+                    peers[s].shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                continue
+            peers[s].sendall(data)
+
+
+class _HttpConnection:
+    """One sandbox connection: requests in, checked, re-serialised, responses streamed."""
+
+    def __init__(self, conn: socket.socket, ctx: HttpContext):
+        self.conn, self.ctx = conn, ctx
+        self.framer = RequestFramer()
+        self.server = h11.Connection(h11.SERVER)
+        self.up: socket.socket | None = None
+        self.client: h11.Connection | None = None
+        self.last = time.monotonic()
+
+    def _left(self) -> float:
+        return self.last + IDLE_TIMEOUT - time.monotonic()
+
+    def _next_request_event(self):
+        while True:
+            ev = self.server.next_event()
+            if ev is not h11.NEED_DATA:
+                return ev
+            data = _recv(self.conn, self._left)
+            self.last = time.monotonic()
+            self.server.receive_data(self.framer.feed(data) if data else b"")
+
+    def serve(self, proxy: HttpFilterProxy) -> None:
+        ctx = self.ctx
+        while True:
+            try:
+                ev = self._next_request_event()
+            except FramingError as e:
+                return self._refuse(proxy, Refusal(400, f"ambiguous framing: {e}",
+                                                   "default:framing"))
+            except h11.RemoteProtocolError as e:
+                return self._refuse(proxy, Refusal(400, f"malformed request: {e}",
+                                                   "default:framing"))
+            except _Closed:
+                return
+            if isinstance(ev, (h11.ConnectionClosed, h11.EndOfMessage)) or ev is h11.PAUSED:
+                return
+            if not isinstance(ev, h11.Request):
+                return
+            try:
+                decided = decide_request(ctx, ev)
+            except Refusal as r:
+                return self._refuse(proxy, r, method=ev.method.decode("ascii", "replace"))
+            proxy._audit(ctx, "allow", protocol="http", method=ev.method.decode(),
+                         host=decided.host, path=decided.path, rule=decided.rule)
+            if not self._forward(decided):
+                return
+            if self.server.our_state is h11.DONE and self.server.their_state is h11.DONE:
+                self.server.start_next_cycle()
+            else:
+                return
+
+    def _refuse(self, proxy, r: Refusal, method: str | None = None) -> None:
+        fields = dict(r.fields)
+        if method is not None:
+            fields.setdefault("method", method)
+        proxy._audit(self.ctx, "deny", protocol="http", rule=r.rule, reason=r.reason,
+                     errno="EACCES", **fields)
+        phrase = {400: b"Bad Request", 403: b"Forbidden"}.get(r.status, b"Error")
+        body = f"sandlock: {r.reason}\n".encode("utf-8", "replace")
+        head = (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % (r.status, phrase,
+                                                                      len(body)))
+        try:
+            self.conn.sendall(head + body)
+        except OSError:
+            pass
+
+    def close_upstream(self) -> None:
+        if self.up is not None:
+            self.up.close()
+            self.up = self.client = None
+
+    def _open_upstream(self) -> None:
+        if self.up is None:
+            self.up = socket.create_connection((str(self.ctx.address), self.ctx.port),
+                                               timeout=CONNECT_TIMEOUT)
+            self.client = h11.Connection(h11.CLIENT)
+
+    def _send_up(self, event) -> None:
+        data = self.client.send(event)
+        if data:
+            self.up.sendall(data)
+
+    def _send_down(self, event) -> None:
+        data = self.server.send(event)
+        if data:
+            self.conn.sendall(data)
+
+    def _forward(self, d: Decided) -> bool:
+        """Send the request (and its body) upstream and stream the response back.
+        False when the connection must end."""
+        self._open_upstream()
+        self._send_up(h11.Request(method=d.method, target=d.target, headers=d.headers))
+        if self.server.they_are_waiting_for_100_continue:
+            self._send_down(h11.InformationalResponse(status_code=100, headers=[]))
+        while True:  # the request body, as it arrives (already framed strictly)
+            ev = self._next_request_event()
+            if isinstance(ev, h11.Data):
+                self._send_up(h11.Data(data=ev.data))
+            elif isinstance(ev, h11.EndOfMessage):
+                self._send_up(h11.EndOfMessage())
+                break
+            else:
+                return False
+        return self._relay_response()
+
+    def _relay_response(self) -> bool:
+        while True:
+            ev = self.client.next_event()
+            if ev is h11.NEED_DATA:
+                self.up.settimeout(IDLE_TIMEOUT)
+                try:
+                    data = self.up.recv(CHUNK)
+                except socket.timeout:
+                    return False
+                self.client.receive_data(data)
+                continue
+            if isinstance(ev, h11.InformationalResponse):
+                continue  # 1xx from upstream: ours was sent already, others are dropped
+            if isinstance(ev, h11.Response):
+                headers = [(n, v) for n, v in ev.headers
+                           if n.lower() not in _HOP_BY_HOP or n.lower() == b"content-length"]
+                if any(n.lower() == b"transfer-encoding" for n, _ in ev.headers) and not \
+                        any(n.lower() == b"content-length" for n, _ in headers):
+                    headers.append((b"transfer-encoding", b"chunked"))
+                self._send_down(h11.Response(status_code=ev.status_code, headers=headers,
+                                             reason=ev.reason))
+            elif isinstance(ev, h11.Data):
+                self._send_down(h11.Data(data=ev.data))
+            elif isinstance(ev, h11.EndOfMessage):
+                self._send_down(h11.EndOfMessage())
+                if self.client.our_state is h11.DONE and self.client.their_state is h11.DONE:
+                    self.client.start_next_cycle()
+                else:
+                    self.close_upstream()
+                return True
+            else:  # upstream closed mid-response
+                return False
+
+
+_proxy: HttpFilterProxy | None = None
+_proxy_lock = threading.Lock()
+
+
+def http_proxy() -> HttpFilterProxy:
+    global _proxy
+    with _proxy_lock:
+        if _proxy is None:
+            _proxy = HttpFilterProxy()
+        return _proxy
