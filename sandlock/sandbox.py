@@ -278,6 +278,9 @@ def _argv(cmd) -> list[str]:
     argv = [os.fsdecode(a) for a in cmd]
     if not argv or not argv[0]:
         raise PolicyError("cmd: empty command")
+    for i, a in enumerate(argv):
+        if "\0" in a:
+            raise PolicyError(f"cmd: argument {i} contains a NUL byte")
     return argv
 
 

@@ -78,6 +78,7 @@ _ROUTING_SOCKOPTS = ((0, 4), (41, 3), (41, 4), (41, 5), (41, 6), (41, 9), (41, 5
                      (41, 57), (41, 59))
 _CLONE_FILES = 0x00000400
 _CLONE_PARENT = 0x00008000
+_PR_SET_CHILD_SUBREAPER = 36
 _CLONE_THREAD = 0x00010000
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -173,6 +174,22 @@ RUNTIME_SYSCALLS = {
 RUNTIME_DENY = ("io_setup", "io_submit")
 
 
+def clone_refusal(flags: int, runtime: bool) -> str | None:
+    """Why clone(flags) is refused, or None. The same checks as the BPF rules below: when
+    clone is also sent to the supervisor (a policy_fn's process events), libseccomp lets
+    the unconditional NOTIFY rule replace the conditional ones, so the handler applies
+    them (the flags are a register: nothing to re-read)."""
+    flags &= 0xFFFFFFFFFFFFFFFF
+    for flag in _CLONE_NAMESPACE_FLAGS:
+        if flags & flag:
+            return "clone with a namespace flag"
+    if flags & (_CLONE_FILES | _CLONE_THREAD) == _CLONE_FILES:
+        return "CLONE_FILES outside a thread group"
+    if runtime and flags & _CLONE_PARENT:
+        return "CLONE_PARENT (a sibling outside the program's process tree)"
+    return None
+
+
 def compile_filter(deny: frozenset[str], supervised: bool = True,
                    deny_inet: bool = False, net_supervised: bool = False,
                    udp: bool = False, icmp: bool = False,
@@ -208,8 +225,10 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     for name in sorted(deny):
         f.add_rule(eperm, syscall_number(name))
     if runtime_events:
-        # CLONE_PARENT would make a sibling of the program, outside its process tree.
+        # CLONE_PARENT would make a sibling of the program, outside its process tree, and
+        # the program must stay a child subreaper (orphans stay in its tree): freeze.py.
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_PARENT, _CLONE_PARENT))
+        f.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _LOW32, _PR_SET_CHILD_SUBREAPER))
     observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]})
     for name in observed:  # only reachable with the supervisor (build() checks)
         f.add_rule(sc.NOTIFY, syscall_number(name))

@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
     ("allow", False, errno.EPERM, False), ("", False, errno.EPERM, False),
     (2.5, False, errno.EPERM, False), ([], False, errno.EPERM, False),
     (-3, False, errno.EPERM, False), (1 << 20, False, errno.EPERM, False),
+    (512, False, errno.EPERM, False), (511, False, 511, False),  # 512+: kernel restart codes
     (object(), False, errno.EPERM, False),
 ])
 def test_verdict_mapping(value, allow, err, flagged):
@@ -309,6 +310,42 @@ def test_bind_events(tmp_path):
     assert events == [("127.0.0.1", ok_port, False), ("127.0.0.1", refused_port, False)]
 
 
+def test_deny_path_cannot_be_sidestepped(secret_tree):
+    """Ways to name a denied file that a naive resolution in the supervisor would get
+    wrong: /proc/self (the supervisor's, not the caller's), a symlink to it, a /proc
+    directory fd, a #! interpreter under the denied path."""
+    secret = secret_tree / "secret"
+    work = secret_tree / "work"
+    os.symlink("/proc/self/cwd/secret", work / "via-self")
+    script = work / "script"
+    script.write_text(f"#!{secret}/interp\n")
+    script.chmod(0o755)
+    (secret / "interp").write_text("")
+    (secret / "interp").chmod(0o755)
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.argv[:2] == (PY, "-c"):
+            ctx.deny_path(str(secret))
+    code = f"""
+import os
+def attempt(what, fn):
+    try:
+        fn(); print(what, "OPENED")
+    except OSError as e:
+        print(what, e.errno)
+attempt("self", lambda: open("//proc/./self/cwd/secret/key").read())
+attempt("link", lambda: open("{work}/via-self/key").read())
+attempt("dirfd", lambda: os.open("self/cwd/secret/key", os.O_RDONLY,
+                                 dir_fd=os.open("/proc", os.O_RDONLY)))
+attempt("shebang", lambda: os.execv("{script}", ["{script}"]))
+attempt("control", lambda: open("pub/hello.txt").read())
+"""
+    sb = sandbox(fs_readable=[str(secret_tree)], cwd=str(secret_tree), policy_fn=fn)
+    r = run_py(sb, code)
+    assert r.stdout.decode().split("\n")[:5] == [
+        "self 13", "link 13", "dirfd 13", "shebang 13", "control OPENED"], r.stdout
+
+
 def test_deny_path_and_allow_path(secret_tree):
     key = secret_tree / "secret" / "key"
     os.symlink(key, secret_tree / "pub" / "link")
@@ -381,11 +418,78 @@ for flags in (17, 0x8000 | 17):  # SIGCHLD (a plain fork), then CLONE_PARENT | S
 """
 
 
-def test_clone_parent_is_refused_under_policy_fn():
+@pytest.mark.parametrize("events", [["exec"], ["process"]])
+def test_clone_parent_is_refused_under_policy_fn(events):
     """A CLONE_PARENT child would sit outside the program's process tree, which the freeze
-    walks; a plain fork still works."""
-    r = run_py(sandbox(policy_fn=lambda e, c: None, policy_fn_events=["exec"]), CLONE)
+    walks; a plain fork still works. With process events clone reaches the supervisor,
+    whose handler must apply the filter's clone rules itself."""
+    r = run_py(sandbox(policy_fn=lambda e, c: None, policy_fn_events=events), CLONE)
     assert r.stdout.decode().split() == ["forked", str(errno.EPERM)]
+
+
+NAMESPACE_CLONE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for flags in (0x10000000 | 17, 0x40000000 | 17, 0x400 | 17, 0x00000004):  # NEWUSER, NEWNET,
+    pid = libc.syscall(56, flags, 0, 0, 0, 0)                           # FILES; subreaper:
+    if pid == 0:
+        os._exit(0)
+    print(ctypes.get_errno() if pid < 0 else "created")
+print(ctypes.get_errno() if libc.prctl(36, 0, 0, 0, 0) else "unset")
+"""
+
+
+def test_process_events_keep_the_filters_clone_and_prctl_rules():
+    r = run_py(sandbox(policy_fn=lambda e, c: None, policy_fn_events=["process"]),
+               NAMESPACE_CLONE.replace(", 0x00000004)", ")"))
+    assert r.stdout.decode().split() == [str(errno.EPERM)] * 4, r.stdout
+
+
+MEMFD_ARGV = r"""
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.memfd_create("argv")
+os.ftruncate(fd, 4096)
+shared = mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+shared[:10] = b"/bin/true\0"
+word = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+argv = (ctypes.c_void_p * 2)(word, None)
+libc.execv(b"/bin/true", argv)
+print("refused", ctypes.get_errno())
+"""
+
+
+def test_argv_in_memory_others_could_write_is_refused():
+    """A memfd can be shared with processes outside the sandbox, which the freeze does
+    not stop: argv there is refused."""
+    r = run_py(sandbox(policy_fn=lambda e, c: None, policy_fn_events=["exec"]),
+               MEMFD_ARGV)
+    assert r.stdout.decode().split() == ["refused", str(errno.EPERM)]
+    assert any("shared memory" in d["reason"] for d in r.denials)
+
+
+UNSPEC_BIND = r"""
+import ctypes, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+s = socket.socket()
+addr = struct.pack("<HH4s8x", 0, socket.htons(int(sys.argv[1])), b"\0\0\0\0")  # AF_UNSPEC
+rc = libc.bind(s.fileno(), addr, len(addr))
+print(ctypes.get_errno() if rc else "bound")
+"""
+
+
+def test_bind_with_af_unspec_still_reaches_the_callback():
+    from conftest import free_port
+    port = free_port()
+    seen = []
+
+    def fn(event, ctx):
+        if event.syscall == "bind":
+            seen.append(event.port)
+            return True
+    r = run_py(sandbox(net_allow_bind=[port], policy_fn=fn, policy_fn_events=["network"]),
+               UNSPEC_BIND, str(port))
+    assert r.stdout.decode().split() == [str(errno.EPERM)] and seen == [port]
 
 
 def test_orphans_are_still_frozen_after_the_program_exits(tmp_path):

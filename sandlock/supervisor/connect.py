@@ -171,22 +171,24 @@ def _bind_decide(req: Request, session):
         if not 2 <= addrlen <= 128:
             raise Denied(errno.EINVAL, "bad address length")
         raw = req.read_bytes(req.args[1], addrlen)
-        if struct.unpack_from("<H", raw)[0] == domain and len(raw) >= 4:
-            port = struct.unpack_from("!H", raw, 2)[0]
-            address = (socket.inet_ntop(domain, raw[4:8]) if domain == AF_INET else
-                       socket.inet_ntop(domain, raw[8:24]) if len(raw) >= 24 else None)
-            bind_ports = session.policy.tcp_bind
-            denied = stype == SOCK_STREAM and not (bind_ports.any_port
-                                                   or port in bind_ports.ports)
-            tgid, ppid = req.process_ids()
-            event = SyscallEvent("bind", "network", tgid, ppid, host=address, port=port,
-                                 denied=denied)
-            if denied:
-                rt.observe(event)
-            else:
-                verdict = rt.decide(event)
-                if not verdict.allow:
-                    raise Denied(verdict.errno, verdict.reason)
+        family = struct.unpack_from("<H", raw)[0]
+        # The kernel binds an AF_INET socket given AF_UNSPEC (with INADDR_ANY) as AF_INET.
+        if family not in (domain, AF_UNSPEC) or len(raw) < (16 if domain == AF_INET else 24):
+            raise Denied(errno.EAFNOSUPPORT if family != domain else errno.EINVAL,
+                         "address family or length does not match the socket")
+        port = struct.unpack_from("!H", raw, 2)[0]
+        address = socket.inet_ntop(domain, raw[4:8] if domain == AF_INET else raw[8:24])
+        bind_ports = session.policy.tcp_bind
+        denied = stype == SOCK_STREAM and not (bind_ports.any_port or port in bind_ports.ports)
+        tgid, ppid = req.process_ids()
+        event = SyscallEvent("bind", "network", tgid, ppid, host=address, port=port,
+                             denied=denied)
+        if denied:
+            rt.observe(event)
+        else:
+            verdict = rt.decide(event)
+            if not verdict.allow:
+                raise Denied(verdict.errno, verdict.reason)
     if not req.still_valid():
         raise Denied(errno.ESRCH, "the calling task is gone")
     return CONTINUE

@@ -19,11 +19,11 @@ user code or a syscall. A task counts as frozen when
 The sandbox is its process group (setsid/setpgid are refused to sandboxes that have a
 policy_fn), so membership is kernel state the sandbox cannot misreport. While the program
 (the group's leader) lives, the group is exactly its descendants: it is a child subreaper
-(orphans stay below it) and CLONE_PARENT is refused, so the tree is walked; once it is
-gone, every process's group id is read instead. A thread with a pending ptrace interrupt
-cannot complete a fork (copy_process aborts it while an interrupt is pending), so
-enumerating until a round finds no new task, each round after interrupting everything
-found before, leaves no task out.
+(orphans stay below it, and prctl cannot undo that) and CLONE_PARENT is refused, so the
+tree is walked; once it is gone, every process's group id is read instead. A fork already
+inside the kernel when its caller is interrupted still completes, so tasks are enumerated
+again once every known task is frozen: a task in a ptrace stop or held by the gate cannot
+be inside a fork, so a round that then finds no new task is complete.
 
 If the freeze cannot be established within its deadline (ptrace refused, a task that keeps
 running), the held call is denied: the invariant is never relaxed. If the released call
@@ -87,8 +87,11 @@ def tree_tasks(root: int) -> list[tuple[int, int]] | None:
             try:
                 with open(f"/proc/{pid}/task/{t}/children", "rb") as f:
                     stack.extend(int(c) for c in f.read().split())
+            except FileNotFoundError:
+                if os.path.exists(f"/proc/{pid}/task"):
+                    return None  # no CONFIG_PROC_CHILDREN: the tree cannot be walked
             except OSError:
-                pass
+                return None
     try:
         with open(f"/proc/{root}/stat", "rb") as f:
             stat = f.read()
@@ -129,20 +132,23 @@ class Freeze:
                 outcome.append(response)
                 if passes:
                     self.deadline = time.monotonic() + self.limit
-                    self._await_return()
+                    try:
+                        self._await_return()
+                    except BaseException:
+                        # Released but not seen to return: the caller must not run on
+                        # beside tasks about to be thawed.
+                        self._kill_caller()
+                        raise
             except BaseException as e:  # reported to the worker, which denies
                 outcome.append(e)
 
         t = threading.Thread(target=tracer, name="sandlock-freeze", daemon=True)
         t.start()
-        t.join(2 * self.limit + self.decision_time + 0.5)
+        t.join(2 * self.limit + self.decision_time + 2.0)
         if t.is_alive():
             # The released call has not returned (an exec stuck loading its file, say):
             # others stay frozen until the caller is gone, never released beside it.
-            try:
-                os.kill(self.tgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._kill_caller()
             t.join(2.0)
         if t.is_alive():  # cannot happen with bounded waits; never leave tracees behind
             self._kill_group()
@@ -174,12 +180,14 @@ class Freeze:
                 tasks = group_tasks(pgid)
             new = [(p, t) for p, t in tasks if t not in known]
             if not new:
-                break
+                return  # every task was frozen before this enumeration began
             for pid, tid in new:
                 known.add(tid)
                 self._seize(pid, tid)
+            self._wait_frozen([t for _, t in new])
             self._check_deadline("enumerating the sandbox")
-        waiting = [t for t in self.seized if t != self.caller]
+
+    def _wait_frozen(self, waiting: list[int]) -> None:
         delay = 0.0
         while True:
             waiting = [t for t in waiting if t not in self.frozen and not self._is_frozen(t)]
@@ -196,6 +204,8 @@ class Freeze:
             return True
         if self.session.held_by_gate(tid):
             return True
+        # A vfork parent waits in the kernel until its child execs or exits. Its child
+        # is in the tree by then; the next enumeration round finds it if it is new.
         blocked = ptrace.blocked_syscall(self.seized[tid], tid)
         if blocked is not None and (blocked[0] == _NR_VFORK or (
                 blocked[0] == _NR_CLONE and blocked[1] & _CLONE_VFORK)):
@@ -212,21 +222,12 @@ class Freeze:
         """Wait until the released call has returned to the caller (its pending interrupt
         then stops it) or the caller is gone. Other tracees are waited for too: an exec
         ends the caller's other threads, and a traced thread's exit completes only once
-        its tracer has collected it. A caller alone in its process is waited for without
-        polling; `run` kills it if it does not come back in time."""
-        if self.caller == self.tgid and not any(
-                pid == self.tgid for tid, pid in self.seized.items() if tid != self.caller):
-            while True:
-                try:
-                    os.waitpid(self.caller, ptrace.WALL)
-                    return  # stopped on return (or at the exec event), or exited
-                except InterruptedError:
-                    continue
-                except ChildProcessError:
-                    return
+        its tracer has collected it. Polled, never a blocking wait: every wait is bounded,
+        and a stop taken by someone else's wait(-1) cannot hang this thread."""
         watch = [self.caller] if self.caller == self.tgid else [self.caller, self.tgid]
         others = [t for t in self.seized if t not in watch]
         killed = False
+        delay = 0.0
         while True:
             for tid in others:
                 ptrace.poll_tracee(tid)
@@ -253,7 +254,14 @@ class Freeze:
                         os.kill(self.tgid, signal.SIGKILL)
                     except ProcessLookupError:
                         return
-            time.sleep(_POLL)
+            time.sleep(delay)
+            delay = min(_POLL, delay * 2 or 0.00002)
+
+    def _kill_caller(self) -> None:
+        try:
+            os.kill(self.tgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _kill_group(self) -> None:
         try:

@@ -1,13 +1,18 @@
 """Process creation and exit under a policy_fn: observed, never held.
 
 clone/fork/vfork/exit_group carry no pointer the decision depends on (clone's flags are a
-register, already checked by the BPF filter), so they continue at once; the callback
-hears of them in order with the other events, and its verdict is ignored ("audit" flags).
-A process killed by a signal makes no exit_group call and produces no exit event.
+register), so they continue at once; the callback hears of them in order with the other
+events, and its verdict is ignored ("audit" flags). clone's flags are checked here with
+the filter's own rules (syscall_filter.clone_refusal): libseccomp drops the filter's
+conditional clone rules once clone is sent to the supervisor. A process killed by a
+signal makes no exit_group call and produces no exit event.
 """
 
 from __future__ import annotations
 
+import errno
+
+from ..syscall_filter import clone_refusal
 from .network import CONTINUE
 from .request import Denied, Request
 
@@ -15,6 +20,10 @@ from .request import Denied, Request
 def _observed(name: str):
     def handler(req: Request, session):
         from .runtime import SyscallEvent
+        if name == "clone":
+            refusal = clone_refusal(req.args[0], True)
+            if refusal is not None:
+                raise Denied(errno.EPERM, refusal)
         rt = session.runtime
         if rt is not None and "process" in rt.events:
             try:

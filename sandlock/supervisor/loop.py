@@ -65,6 +65,7 @@ class Session:
         self.denied_count = 0
         self.deferred = 0  # on-behalf calls in progress on worker threads
         self.pgid = 0      # set once started; every sandboxed process is in this group
+        self.listener = -1
         self.released = threading.Event()
         # The gate: notifications received and not yet answered (id -> tid), and while a
         # freeze holds it, the answers waiting for the thaw.
@@ -90,8 +91,14 @@ class Session:
             send()
 
     def held_by_gate(self, tid: int) -> bool:
+        """True if `tid` is blocked in a notification whose answer the gate holds. The
+        notification must still be pending: an entry of a task that died (its tid now
+        someone else's) does not count."""
         with self._gate_lock:
-            return self._held is not None and tid in self._inflight.values()
+            if self._held is None:
+                return False
+            ids = [i for i, t in self._inflight.items() if t == tid]
+        return any(seccomp.notif_id_valid(self.listener, i) for i in ids)
 
     def close_gate(self) -> None:
         with self._gate_lock:
@@ -144,6 +151,7 @@ class Supervisor:
     def attach(self, listener: int, session: Session, pgid: int) -> None:
         """Take ownership of `listener` and serve it until every task using it is gone."""
         session.pgid = pgid
+        session.listener = listener
         with self._lock:
             self._sessions[listener] = session
         self._epoll.register(listener, select.EPOLLIN)

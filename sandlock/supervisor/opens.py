@@ -4,7 +4,8 @@ The callback sees the event's category only, never the path: a verdict on it nee
 read of the caller's memory, so the call continues in the kernel (Landlock still decides
 the access). While the callback has paths denied (ctx.deny_path), the path must be read,
 so the sandbox is frozen first (supervisor.freeze) and the path is resolved under the
-freeze: the kernel then opens exactly what was checked.
+freeze as the caller would resolve it (supervisor.paths): the kernel then opens exactly
+what was checked. A path that cannot be resolved that way is refused.
 """
 
 from __future__ import annotations
@@ -14,39 +15,17 @@ import os
 
 from .._kernel.fileops import AT_FDCWD
 from .network import CONTINUE, Frozen
+from .paths import Unresolvable, directory_of, resolve
 from .request import Denied, Request
 
 O_NOFOLLOW = os.O_NOFOLLOW
 
 
-def _resolve(req: Request, dirfd: int, path: bytes, flags: int) -> list[str]:
-    """The paths an open of (dirfd, path) touches: the file (or, for a file still to be
-    created, its directory joined with the name) and the path as written."""
-    out = []
-    try:
-        fd = req.open_target(dirfd, path, 0, follow=not flags & O_NOFOLLOW)
-    except FileNotFoundError:
-        parent, _, name = path.rstrip(b"/").rpartition(b"/")
-        if path.startswith(b"/") and not parent:
-            parent = b"/"
-        try:
-            fd = req.open_target(dirfd, parent or b".", 0, follow=True)
-        except OSError:
-            return out
-        try:
-            out.append(os.path.join(os.readlink(f"/proc/self/fd/{fd}"), os.fsdecode(name)))
-        finally:
-            os.close(fd)
-    except OSError:
-        return out  # the open will fail in the kernel as well
-    else:
-        try:
-            out.append(os.readlink(f"/proc/self/fd/{fd}"))
-        finally:
-            os.close(fd)
-    if path.startswith(b"/"):
-        out.append(os.path.normpath(os.fsdecode(path)))
-    return out
+def _resolve(req: Request, tgid: int, dirfd: int, path: bytes, flags: int) -> str | None:
+    """The file an open of (dirfd, path) reaches, resolved as the caller would."""
+    text = os.fsdecode(path)
+    base = "/" if text.startswith("/") else directory_of(req.pid, dirfd, AT_FDCWD)
+    return resolve(tgid, req.pid, base, text, follow_last=not flags & O_NOFOLLOW)
 
 
 def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_of,
@@ -56,11 +35,14 @@ def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_o
     tgid, ppid = req.process_ids()
     event = SyscallEvent(name, "file", tgid, ppid)
     if check_path:
-        for real in _resolve(req, dirfd, req.read_path(path_arg), flags_of()):
-            refusal = rt.path_refusal(real)
-            if refusal is not None:
-                rt.record(event, "deny", refusal, errno.EACCES)
-                raise Denied(errno.EACCES, refusal)
+        try:
+            real = _resolve(req, tgid, dirfd, req.read_path(path_arg), flags_of())
+        except Unresolvable as e:
+            raise Denied(errno.EACCES, f"deny_path is active and {e}") from None
+        refusal = rt.path_refusal(real) if real is not None else None
+        if refusal is not None:
+            rt.record(event, "deny", refusal, errno.EACCES)
+            raise Denied(errno.EACCES, refusal)
         if not req.still_valid():
             raise Denied(errno.ESRCH, "the calling task is gone")
     if "file" in rt.events:

@@ -79,7 +79,9 @@ def verdict_of(result) -> Verdict:
             return Verdict(True, flagged=True)
         if result == -1:
             return Verdict(False, errno.EPERM, reason="policy_fn returned -1")
-        if 0 < result < 4096:
+        # Real errnos only: 512 and above are the kernel's restart codes, which would
+        # make the held call restart instead of failing.
+        if 0 < result < 512:
             return Verdict(False, result, reason=f"policy_fn returned errno {result}")
     return Verdict(False, errno.EPERM, reason=f"policy_fn returned {result!r}, which is "
                                               f"not a verdict")
@@ -154,30 +156,60 @@ class PolicyContext:
                             "not implemented in this version of sandlock")
 
 
+MAX_ABANDONED = 8  # overrunning callbacks still running; past this, events are denied
+
+
 class _CallbackThread:
     """A thread that runs callbacks in order. Abandoned (left to finish on its own) when a
-    callback overruns: it is a daemon thread and holds nothing of the supervisor's."""
+    callback overruns: it is a daemon thread and holds nothing of the supervisor's. Jobs
+    queued behind the overrunning one are failed, never run late beside its successor."""
+
+    abandoned_alive = 0
+    _count_lock = threading.Lock()
 
     def __init__(self, fn, ctx):
+        self.abandoned = False
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._serve, args=(fn, ctx), daemon=True,
                                        name="sandlock-policy-fn")
         self.thread.start()
 
+    def abandon(self) -> None:
+        with self._count_lock:
+            _CallbackThread.abandoned_alive += 1
+        self.abandoned = True
+        self.jobs.put(None)
+
     def _serve(self, fn, ctx) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            event, then = job
-            try:
-                outcome = ("ok", fn(event, ctx))
-            except BaseException as e:
-                outcome = ("error", e)
-            try:
-                then(*outcome)
-            except Exception:
-                pass
+        try:
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    if self.abandoned:
+                        while True:  # fail whatever was queued behind the overrun
+                            try:
+                                job = self.jobs.get_nowait()
+                            except queue.Empty:
+                                return
+                            if job is not None:
+                                job[1]("error", RuntimeError("policy_fn overran"))
+                    return
+                event, then = job
+                if self.abandoned:
+                    outcome = ("error", RuntimeError("policy_fn overran"))
+                else:
+                    try:
+                        outcome = ("ok", fn(event, ctx))
+                    except BaseException as e:
+                        outcome = ("error", e)
+                try:
+                    then(*outcome)
+                except Exception:
+                    pass
+        finally:
+            if self.abandoned:
+                with self._count_lock:
+                    _CallbackThread.abandoned_alive -= 1
 
 
 class Runtime:
@@ -200,8 +232,12 @@ class Runtime:
 
     # -- calling the callback --
 
-    def _submit(self, event: SyscallEvent, then) -> _CallbackThread:
+    def _submit(self, event: SyscallEvent, then) -> _CallbackThread | None:
         with self._order:
+            if _CallbackThread.abandoned_alive >= MAX_ABANDONED:
+                then("error", RuntimeError(f"{MAX_ABANDONED} policy_fn calls are still "
+                                           f"running past their timeout"))
+                return None
             if self._worker is None:
                 self._worker = _CallbackThread(self.fn, self.ctx)
             self._worker.jobs.put((event, then))
@@ -217,7 +253,7 @@ class Runtime:
         if not done.wait(max(0.0, limit)):
             with self._order:
                 if self._worker is worker:
-                    worker.jobs.put(None)  # it exits once the overrunning call returns
+                    worker.abandon()  # it exits once the overrunning call returns
                     self._worker = None
             return self._failed(event, f"policy_fn did not return within "
                                        f"{self.timeout:g}s")
