@@ -417,7 +417,8 @@ class _HttpConnection:
         self._open_upstream()
         self._send_up(h11.Request(method=d.method, target=d.target, headers=d.headers))
         if self.server.they_are_waiting_for_100_continue:
-            self._send_down(h11.InformationalResponse(status_code=100, headers=[]))
+            self._send_down(h11.InformationalResponse(status_code=100, headers=[],
+                                                      reason=b"Continue"))
         while True:  # the request body, as it arrives (already framed strictly)
             ev = self._next_request_event()
             if isinstance(ev, h11.Data):

@@ -1,0 +1,385 @@
+"""The HTTP filter: real clients in sandboxes, a real upstream server on loopback that
+records every request it receives, and the threats note's HTTP and TLS items."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import ssl
+import threading
+
+import pytest
+
+from conftest import PY, run_py, sandbox
+from netpolicy.http_framing import FramingError, RequestFramer
+from netpolicy.http_rules import HttpPolicy, decide_tls_host
+from netpolicy.tls_sni import SniError, client_hello_sni
+
+
+# -- framing, pure -------------------------------------------------------------------------
+
+GOOD = [
+    b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc",
+    b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n"
+    b"0\r\nX-Trailer: 1\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+]
+BAD = {
+    "CL+TE": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\n",
+    "two CL": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+    "CL +3": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +3\r\n\r\n",
+    "CL 03": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 03\r\n\r\n",
+    "CL hex": b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0x3\r\n\r\n",
+    "TE gzip": b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    "TE space colon": b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding : chunked\r\n\r\n",
+    "obs-fold": b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\n 2\r\n\r\n",
+    "bare LF": b"GET / HTTP/1.1\nHost: a\n\n",
+    "bare CR": b"GET / HTTP/1.1\rHost: a\r\n\r\n",
+    "lowercase method": b"get / HTTP/1.1\r\nHost: a\r\n\r\n",
+    "HTTP/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    # CVE-2025-43859: anything but CRLF after chunk data (h11 <= 0.14 skipped 2 bytes).
+    "bad chunk terminator": b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            b"5\r\nAAAAAXX0\r\n\r\nGET /admin HTTP/1.1\r\nHost: a\r\n\r\n",
+    "bad chunk size": b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"5x\r\nAAAAA\r\n0\r\n\r\n",
+    "chunk size LF": b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\nAAAAA\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("raw", GOOD)
+def test_framer_passes_well_framed_requests_byte_for_byte(raw):
+    f = RequestFramer()
+    out = b"".join(f.feed(raw[i:i + 7]) for i in range(0, len(raw), 7))
+    assert out == raw
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_framer_refuses_ambiguous_framing(name):
+    with pytest.raises(FramingError):
+        RequestFramer().feed(BAD[name])
+
+
+def _client_hello(server_name: str | None) -> bytes:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+def test_sni_is_read_from_a_real_client_hello_even_in_pieces():
+    hello = _client_hello("API.Example.COM")
+    assert client_hello_sni(hello) == "api.example.com"
+    assert client_hello_sni(hello[:40]) is None  # needs more
+    with pytest.raises(SniError, match="no server name"):
+        client_hello_sni(_client_hello(None))
+    with pytest.raises(SniError):
+        client_hello_sni(b"GET / HTTP/1.1\r\n\r\n")
+
+
+@pytest.mark.parametrize("allow, deny, host, ok, fragment", [
+    (["* api.test"], [], "api.test", True, "allowed"),
+    (["GET api.test/repos/*"], [], "api.test", False, "interception is required"),
+    (["* **.api.test"], [], "x.api.test", True, "allowed"),
+    (["* api.test"], [], "other.test", False, "no rule allows HTTPS to other.test"),
+    (["* api.test"], ["POST api.test/x"], "api.test", False, "interception is required"),
+    (["* api.test"], ["* api.test"], "api.test", False, "denied by"),
+])
+def test_tls_host_decisions(allow, deny, host, ok, fragment):
+    v = decide_tls_host(HttpPolicy.from_rules(allow, deny), host)
+    assert v.allowed == ok and fragment in v.reason
+
+
+# -- end to end ----------------------------------------------------------------------------
+
+class Upstream:
+    """A keep-alive HTTP/1.1 server recording (method, path, body) of every request it
+    receives in full."""
+
+    def __init__(self, host="127.0.0.1", tls_context=None, big=0):
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, body: bytes):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                seen.append(("GET", self.path, b""))
+                if self.path == "/ok/big":
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(big))
+                    self.end_headers()
+                    chunk = b"x" * 65536
+                    for _ in range(big // len(chunk)):
+                        self.wfile.write(chunk)
+                    return
+                self._reply(b"hello " + self.path.encode())
+
+            def do_POST(self):
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    body = b""
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0], 16)
+                        if size == 0:
+                            self.rfile.readline()
+                            break
+                        body += self.rfile.read(size)
+                        self.rfile.readline()
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                seen.append(("POST", self.path, body))
+                self._reply(b"posted " + body)
+
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        if tls_context is not None:
+            self.server.socket = tls_context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def paths(self):
+        return [p for _, p, _ in self.seen]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def upstream():
+    servers = []
+
+    def make(**kw):
+        s = Upstream(**kw)
+        servers.append(s)
+        return s
+    yield make
+    for s in servers:
+        s.close()
+
+
+def _web_sandbox(up, tmp_path, **kw):
+    log = tmp_path / "audit.jsonl"
+    host = f"127.0.0.1:{up.port}"
+    sb = sandbox(net_allow=[host], http_allow=["GET 127.0.0.1/ok*", "POST 127.0.0.1/ok/post"],
+                 http_ports=[up.port], audit_log=str(log), **kw)
+    return sb, log
+
+
+def _records(log):
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_curl_allowed_get_and_refused_post(upstream, tmp_path):
+    up = upstream()
+    sb, log = _web_sandbox(up, tmp_path)
+    r = sb.run(["curl", "-sS", f"http://127.0.0.1:{up.port}/ok/1"], timeout=30)
+    assert r.success and r.stdout == b"hello /ok/1"
+    r = sb.run(["curl", "-sS", "-i", "-d", "secret=1", f"http://127.0.0.1:{up.port}/ok/2"],
+               timeout=30)
+    out = r.stdout.decode()
+    assert out.startswith("HTTP/1.1 403 Forbidden") and "connection: close" in out
+    assert out.endswith("sandlock: no rule allows POST 127.0.0.1/ok/2\n")
+    assert up.seen == [("GET", "/ok/1", b"")]  # the POST never reached the server
+    [rec] = [r for r in _records(log) if r["decision"] == "deny"]
+    assert rec["method"] == "POST" and rec["path"] == "/ok/2" and rec["host"] == "127.0.0.1"
+    assert rec["rule"] == "default:deny" and rec["argv"][0] == "curl"
+    assert rec["protocol"] == "http" and rec["port"] == up.port and rec["pid"] > 0
+
+
+URLLIB = """
+import sys, urllib.request, urllib.error
+for url in sys.argv[1:]:
+    try:
+        print(urllib.request.urlopen(url, timeout=10).read().decode())
+    except urllib.error.HTTPError as e:
+        print(e.code, e.read().decode().strip())
+"""
+
+
+def test_python_client_and_keep_alive(upstream, tmp_path):
+    up = upstream()
+    sb, _ = _web_sandbox(up, tmp_path)
+    base = f"http://127.0.0.1:{up.port}"
+    r = run_py(sb, URLLIB, f"{base}/ok/a", f"{base}/secret")
+    assert r.stdout.decode().splitlines() == [
+        "hello /ok/a", "403 sandlock: no rule allows GET 127.0.0.1/secret"]
+    r = sb.run(["curl", "-sS", f"{base}/ok/b", f"{base}/ok/c"], timeout=30)  # one connection
+    assert r.stdout == b"hello /ok/bhello /ok/c"
+    assert up.paths() == ["/ok/a", "/ok/b", "/ok/c"]
+
+
+def test_large_download_streams_through(upstream, tmp_path):
+    up = upstream(big=64 << 20)
+    sb, _ = _web_sandbox(up, tmp_path)
+    r = sb.run(["/bin/sh", "-c", f"curl -sS http://127.0.0.1:{up.port}/ok/big | wc -c"],
+               timeout=60)
+    assert r.stdout.strip() == str(64 << 20).encode(), r.stderr
+
+
+# Sends raw bytes on one connection; prints every status line received, then "closed".
+RAW = r"""
+import re, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s.sendall(bytes.fromhex(sys.argv[2]))
+data, sent = b"", False
+try:
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if sys.argv[3:] == ["continue"] and b"100 Continue" in data and not sent:
+            s.sendall(b"7\r\npost=ok\r\n0\r\n\r\n")
+            sent = True
+except socket.timeout:
+    pass
+print(" ".join(m.decode() for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)))
+"""
+
+H = "127.0.0.1:{port}"
+ATTACKS = {
+    # name: (request, expected statuses, path the server must never see)
+    "allowed": ("GET /ok/x HTTP/1.1\r\nHost: {h}\r\nConnection: close\r\n\r\n", "200", None),
+    "encoded slash": ("GET /ok/..%2fadmin HTTP/1.1\r\nHost: {h}\r\n\r\n", "400", "/admin"),
+    "encoded dots": ("GET /ok/%2e%2e/admin HTTP/1.1\r\nHost: {h}\r\n\r\n", "403", "/admin"),
+    "dot segments": ("GET /ok/../admin HTTP/1.1\r\nHost: {h}\r\n\r\n", "403", "/admin"),
+    "double slash": ("GET /ok//x HTTP/1.1\r\nHost: {h}\r\n\r\n", "400", None),
+    "backslash": ("GET /ok\\..\\admin HTTP/1.1\r\nHost: {h}\r\n\r\n", "400", None),
+    "encoded NUL": ("GET /ok/%00 HTTP/1.1\r\nHost: {h}\r\n\r\n", "400", None),
+    "params": ("GET /ok;x=/../admin HTTP/1.1\r\nHost: {h}\r\n\r\n", "400", None),
+    "lowercase method": ("get /ok/x HTTP/1.1\r\nHost: {h}\r\n\r\n", "400", None),
+    "h2 preface": ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "400", None),
+    "h2c upgrade": ("GET /ok/x HTTP/1.1\r\nHost: {h}\r\nConnection: Upgrade\r\n"
+                    "Upgrade: h2c\r\n\r\n", "403", None),
+    "websocket": ("GET /ok/x HTTP/1.1\r\nHost: {h}\r\nConnection: Upgrade\r\n"
+                  "Upgrade: websocket\r\n\r\n", "403", None),
+    "CONNECT": ("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", "403",
+                None),
+    "foreign host": ("GET /ok/x HTTP/1.1\r\nHost: evil.test\r\n\r\n", "403", None),
+    "host port": ("GET /ok/x HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n", "403", None),
+    "userinfo": ("GET /ok/x HTTP/1.1\r\nHost: a@{h}\r\n\r\n", "400", None),
+    "absolute mismatch": ("GET http://evil.test/ok/x HTTP/1.1\r\nHost: {h}\r\n\r\n", "400",
+                          None),
+    "absolute ok": ("GET http://{h}/ok/abs HTTP/1.1\r\nHost: {h}\r\nConnection: close"
+                    "\r\n\r\n", "200", None),
+    "CL+TE": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nContent-Length: 4\r\n"
+              "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /admin HTTP/1.1\r\nHost: {h}\r\n\r\n",
+              "400", "/admin"),
+    "two CL": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nContent-Length: 0\r\n"
+               "Content-Length: 40\r\n\r\nGET /admin HTTP/1.1\r\nHost: {h}\r\n\r\n", "400",
+               "/admin"),
+    "obs-fold": ("GET /ok/x HTTP/1.1\r\nHost: {h}\r\nX-A: 1\r\n Transfer-Encoding: chunked"
+                 "\r\n\r\n", "400", None),
+    "bare LF": ("GET /ok/x HTTP/1.1\nHost: {h}\n\n", "400", None),
+    "CVE-2025-43859": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nTransfer-Encoding: chunked"
+                       "\r\n\r\n5\r\nAAAAAXX0\r\n\r\nGET /admin HTTP/1.1\r\nHost: {h}\r\n\r\n",
+                       "400", "/admin"),
+    "pipelined": ("GET /ok/1 HTTP/1.1\r\nHost: {h}\r\n\r\nGET /admin HTTP/1.1\r\nHost: {h}"
+                  "\r\n\r\n", "200 403", "/admin"),
+    "expect denied": ("POST /ok/other HTTP/1.1\r\nHost: {h}\r\nContent-Length: 7\r\n"
+                      "Expect: 100-continue\r\n\r\n", "403", "/ok/other"),
+}
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_http_threats_never_reach_the_server(upstream, tmp_path, name):
+    up = upstream()
+    sb, log = _web_sandbox(up, tmp_path)
+    request, statuses, forbidden = ATTACKS[name]
+    raw = request.replace("{h}", H.format(port=up.port)).encode()
+    r = run_py(sb, RAW, str(up.port), raw.hex())
+    assert r.stdout.decode().strip() == statuses, (r.stdout, r.stderr[-500:])
+    if forbidden:
+        assert forbidden not in up.paths()
+    if statuses in ("400", "403"):
+        assert up.seen == []  # nothing at all reached the server
+        assert any(rec["decision"] == "deny" for rec in _records(log))
+    if name == "absolute ok":
+        assert up.paths() == ["/ok/abs"]  # forwarded in origin form
+
+
+def test_expect_continue_is_answered_after_the_decision(upstream, tmp_path):
+    up = upstream()
+    sb, _ = _web_sandbox(up, tmp_path)
+    raw = (f"POST /ok/post HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\nConnection: close\r\n"
+           "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n").encode()
+    r = run_py(sb, RAW, str(up.port), raw.hex(), "continue")
+    assert r.stdout.decode().split() == ["100", "200"], r.stderr[-300:]
+    assert up.seen == [("POST", "/ok/post", b"post=ok")]
+
+
+def test_http_rules_need_the_endpoint_policy_too(upstream, tmp_path):
+    """A request the HTTP rules allow still needs its destination admitted."""
+    up = upstream()
+    sb = sandbox(net_allow=["127.0.0.1:1"], http_allow=["* *"], http_ports=[up.port])
+    r = sb.run(["curl", "-sS", f"http://127.0.0.1:{up.port}/ok/x"], timeout=30)
+    assert r.exit_code == 7 and up.seen == []  # curl: couldn't connect
+
+
+# -- HTTPS without interception: decided on the SNI -----------------------------------------
+
+@pytest.fixture
+def tls_upstream(upstream, tmp_path):
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("api.test", "other.test")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(ctx)
+    up = upstream(tls_context=ctx)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    os.chmod(tmp_path, 0o755)
+    os.chmod(ca_file, 0o644)
+    return up, str(ca_file)
+
+
+def test_https_sni_allows_one_host_and_refuses_another(tls_upstream, tmp_path):
+    from dnsserver import TestDnsServer
+    up, ca = tls_upstream
+    dns = TestDnsServer({"api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(fs_readable=[ca], net_allow=[f"api.test:{up.port}", f"other.test:{up.port}"],
+                 net_allow_private=True, dns_servers=[dns.address],
+                 http_allow=["* api.test"], http_ports=[up.port], audit_log=str(log))
+    r = sb.run(["curl", "-sS", "--cacert", ca, f"https://api.test:{up.port}/ok/tls"],
+               timeout=30)
+    assert r.success and r.stdout == b"hello /ok/tls", r.stderr
+    r = sb.run(["curl", "-sS", "--cacert", ca, f"https://other.test:{up.port}/ok/tls"],
+               timeout=30)
+    assert not r.success and up.paths() == ["/ok/tls"]
+    denied = [rec for rec in _records(log) if rec["decision"] == "deny"]
+    assert denied[-1]["host"] == "other.test" and denied[-1]["protocol"] == "tls"
+    assert "no rule allows HTTPS to other.test" in denied[-1]["reason"]
+
+
+def test_https_path_rule_without_interception_is_refused_and_says_why(tls_upstream,
+                                                                      tmp_path):
+    from dnsserver import TestDnsServer
+    up, ca = tls_upstream
+    dns = TestDnsServer({"api.test": ["127.0.0.1"]})
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(fs_readable=[ca], net_allow=[f"api.test:{up.port}"], net_allow_private=True,
+                 dns_servers=[dns.address], http_allow=["GET api.test/ok/*"],
+                 http_ports=[up.port], audit_log=str(log))
+    r = sb.run(["curl", "-sS", "--cacert", ca, f"https://api.test:{up.port}/ok/tls"],
+               timeout=30)
+    assert not r.success and up.seen == []
+    [rec] = [rec for rec in _records(log) if rec["decision"] == "deny"]
+    assert "interception is required" in rec["reason"]
