@@ -39,6 +39,13 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="let host rules reach private/loopback addresses they resolve to")
     p.add_argument("--dns-server", action="append", default=[], metavar="ADDR[:PORT]",
                    help="resolver for host rules (default: the system's)")
+    p.add_argument("--http-allow", action="append", default=[], metavar="RULE",
+                   help="allow HTTP requests: 'GET api.github.com/repos/*' (with a rule, "
+                        "connects to HTTP ports go through the HTTP filter)")
+    p.add_argument("--http-deny", action="append", default=[], metavar="RULE",
+                   help="deny HTTP requests matching RULE (checked first)")
+    p.add_argument("--http-port", action="append", default=[], type=int, metavar="PORT",
+                   help="TCP ports the HTTP filter sees (default 80 and 443)")
     p.add_argument("--audit", metavar="FILE", help="append JSON Lines audit records here")
     p.add_argument("--audit-allowed", action="store_true",
                    help="record allowed network events too")
@@ -135,6 +142,7 @@ def _flag_fields(a) -> dict:
         "net_allow": a.net_allow, "net_deny": a.net_deny, "net_allow_bind": a.net_allow_bind,
         "net_allow_unix": a.net_allow_unix, "dns_servers": a.dns_server,
         "net_allow_private": a.net_allow_private or None,
+        "http_allow": a.http_allow, "http_deny": a.http_deny, "http_ports": a.http_port or None,
         "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,
         "extra_deny_syscalls": a.extra_deny_syscall,
         "extra_allow_syscalls": a.extra_allow_syscall,
@@ -311,6 +319,9 @@ def _policy_check(a) -> int:
             ("tcp bind", sorted(p.tcp_bind.ports) if not p.tcp_bind.any_port else ["*"]),
             ("unix sockets", p.unix_allow), ("dns servers", p.dns_servers or
                                              (["(system)"] if p.endpoints.hostnames else [])),
+            ("http allow", [r.spec for r in p.http.allow] if p.http else []),
+            ("http deny", [r.spec for r in p.http.deny] if p.http else []),
+            ("http ports", sorted(p.http_ports)),
             ("audit log", [p.audit_log] if p.audit_log else [])]
     for label, values in rows:
         if values:

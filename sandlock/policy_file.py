@@ -9,6 +9,8 @@ current directory and `~` is expanded, as a shell would for the same paths on th
     filesystem: {system: true, read: [...], write: [...], deny: [...]}
     network: {allow: [...], deny: [...], bind: [...], unix: [...], allow_private: false}
     dns: {servers: ["127.0.0.53"]}
+    http: {allow: ["GET api.github.com/repos/*", {methods: [GET], host: x, path: /a/*}],
+           deny: [...], ports: [80, 443]}
     audit: {file: audit.jsonl, allowed: false}
     process: {env: {K: V}, clean_env: false, cwd: ., timeout: 60}
     syscalls: {deny: [...], allow: [sysv_ipc]}
@@ -22,6 +24,7 @@ from .errors import PolicyError
 
 STR, BOOL, NUM, STRLIST, PORTLIST, STRMAP = "string", "boolean", "number", "list of strings", \
     "list of ports", "mapping of strings"
+RULELIST = "list of HTTP rules (strings or mappings)"
 
 # section -> key -> (type, Sandbox field or None for keys handled specially)
 SCHEMA = {
@@ -33,6 +36,8 @@ SCHEMA = {
                 "bind": (PORTLIST, "net_allow_bind"), "unix": (STRLIST, "net_allow_unix"),
                 "allow_private": (BOOL, "net_allow_private")},
     "dns": {"servers": (STRLIST, "dns_servers")},
+    "http": {"allow": (RULELIST, "http_allow"), "deny": (RULELIST, "http_deny"),
+             "ports": (PORTLIST, "http_ports")},
     "audit": {"file": (STR, "audit_log"), "allowed": (BOOL, "audit_allowed")},
     "process": {"env": (STRMAP, "env"), "clean_env": (BOOL, "clean_env"),
                 "cwd": (STR, "cwd"), "timeout": (NUM, None)},
@@ -88,6 +93,22 @@ def _value(node, kind, path, key):
             else:
                 items.append(_scalar(item, STR, path, key))
         return items
+    if kind == RULELIST:
+        from netpolicy.http_rules import HttpRuleError, parse_http_rule
+        if not isinstance(node, yaml.SequenceNode):
+            raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
+        rules = []
+        for item in node.value:
+            rule = yaml.safe_load(yaml.serialize(item))
+            if not isinstance(rule, (str, dict)):
+                raise PolicyError(f"{_where(path, item, key)}: expected a rule string or "
+                                  f"mapping, got {rule!r}")
+            try:
+                parse_http_rule(rule)
+            except HttpRuleError as e:
+                raise PolicyError(f"{_where(path, item, key)}: {e}") from None
+            rules.append(rule)
+        return rules
     if kind == STRMAP:
         if not isinstance(node, yaml.MappingNode):
             raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
@@ -174,7 +195,7 @@ def _check_endpoints(path, node, key, specs) -> None:
 
 LIST_FIELDS = ("fs_readable", "fs_writable", "fs_denied", "net_allow", "net_deny",
                "net_allow_bind", "net_allow_unix", "dns_servers", "extra_deny_syscalls",
-               "extra_allow_syscalls")
+               "extra_allow_syscalls", "http_allow", "http_deny", "http_ports")
 
 
 def merge_fields(base: dict, extra: dict) -> dict:

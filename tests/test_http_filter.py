@@ -383,3 +383,45 @@ def test_https_path_rule_without_interception_is_refused_and_says_why(tls_upstre
     assert not r.success and up.seen == []
     [rec] = [rec for rec in _records(log) if rec["decision"] == "deny"]
     assert "interception is required" in rec["reason"]
+
+
+# -- YAML and CLI ------------------------------------------------------------------------
+
+def test_yaml_http_rules_and_errors_name_the_line(tmp_path, upstream):
+    from sandlock import PolicyError, Sandbox
+    up = upstream()
+    good = tmp_path / "good.yaml"
+    good.write_text(f"""version: 1
+network:
+  allow: ["127.0.0.1:{up.port}"]
+http:
+  allow:
+    - methods: [GET]
+      host: 127.0.0.1
+      path: /ok/*
+  ports: [{up.port}]
+""")
+    sb = Sandbox.from_policy(str(good))
+    r = sb.run(["curl", "-sS", f"http://127.0.0.1:{up.port}/ok/y",
+                f"http://127.0.0.1:{up.port}/no"], timeout=30)
+    assert r.stdout.startswith(b"hello /ok/y") and b"no rule allows GET 127.0.0.1/no" in r.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nhttp:\n  allow:\n    - \"GET api.test/a*b\"\n")
+    with pytest.raises(PolicyError, match=r"bad.yaml:4: http.allow: .*only at the end"):
+        Sandbox.from_policy(str(bad))
+
+
+def test_cli_http_flags(upstream, tmp_path):
+    import subprocess
+    import sys
+    up = upstream()
+    base = f"http://127.0.0.1:{up.port}"
+    cmd = [sys.executable, "-m", "sandlock", "run", "--net-allow", f"127.0.0.1:{up.port}",
+           "--http-allow", "GET 127.0.0.1/ok/*", "--http-port", str(up.port), "--",
+           "/bin/sh", "-c", f"curl -sS -o /dev/null -w '%{{http_code}} ' {base}/ok/1; "
+           f"curl -sS -o /dev/null -w '%{{http_code}}' -X DELETE {base}/ok/2"]
+    r = subprocess.run(cmd, capture_output=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
+                           os.path.abspath(__file__)))})
+    assert r.stdout.split() == [b"200", b"403"], r.stderr
+    assert up.seen == [("GET", "/ok/1", b"")]
