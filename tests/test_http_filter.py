@@ -425,3 +425,44 @@ def test_cli_http_flags(upstream, tmp_path):
                            os.path.abspath(__file__)))})
     assert r.stdout.split() == [b"200", b"403"], r.stderr
     assert up.seen == [("GET", "/ok/1", b"")]
+
+
+# -- property: whatever the encoding, a denied path is never forwarded ---------------------
+
+def test_property_no_encoding_gets_a_denied_path_forwarded(upstream):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from netpolicy.http_path import PathError, normalize_path
+    from netpolicy.http_proxy import HttpContext, http_proxy
+    up = upstream()
+    policy = HttpPolicy.from_rules(["GET 127.0.0.1/ok/*"], ["* 127.0.0.1/ok/secret*"])
+    proxy = http_proxy()
+    pieces = ["ok", "secret", "admin", "..", ".", "%2e", "%2E%2e", "%2f", "%5c", "%73ecret",
+              "se%63ret", "a", "%41", ";x", "\\", "%00", "", "%c3%a9", "%ff", "%", "~", "%7e"]
+
+    @settings(max_examples=150, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.sampled_from(pieces), min_size=1, max_size=6))
+    def check(segments):
+        path = "/" + "/".join(segments)
+        up.seen.clear()
+        c = socket.socket()
+        c.bind(("127.0.0.1", 0))
+        proxy.expect(c.getsockname(), HttpContext("127.0.0.1", up.port, policy, lambda a: ()))
+        c.connect(proxy.address)
+        c.settimeout(5)
+        c.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\n"
+                  "Connection: close\r\n\r\n".encode("latin-1"))
+        while c.recv(65536):
+            pass
+        c.close()
+        try:
+            normal = normalize_path(path)
+        except PathError:
+            normal = None
+        for _, seen, _ in up.seen:
+            # What reached the server is exactly the normalised path, and it is allowed.
+            assert seen == normal and policy.decide("GET", "127.0.0.1", seen).allowed
+        if normal is None or not policy.decide("GET", "127.0.0.1", normal).allowed:
+            assert up.seen == []
+    check()
