@@ -104,6 +104,8 @@ def main():
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
     def do_GET(self):
         body = f"hello from {self.server.server_address[0]}\n".encode()
         self.send_response(200)
@@ -111,6 +113,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
         self.server.hits += 1
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.hits += 1
+        self.send_response(201)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def log_message(self, *args):
         pass
@@ -154,6 +163,36 @@ def net_run_demo():
     other.shutdown()
 
 
+def http_rule_demo():
+    """Part 3: an HTTP rule: GET allowed, a POST to the same host refused with 403."""
+    api = http_server("127.0.0.2")
+    port = api.server_address[1]
+    audit = os.path.join(tempfile.mkdtemp(prefix="sandlock-audit-"), "audit.jsonl")
+    sandlock = [sys.executable, "-m", "sandlock"]
+    get = f"curl -sS -m 5 http://127.0.0.2:{port}/v1/status"
+    post = f"curl -sS -m 5 -i -d token=s3cret http://127.0.0.2:{port}/v1/upload"
+    cmd = sandlock + ["net-run", "--allow", f"127.0.0.2:{port}", "--http-allow",
+                      "GET 127.0.0.2/v1/*", "--http-port", str(port), "--audit", audit, "--",
+                      "sh", "-c", f"{get}; {post}; true"]
+    print("\n" + "=" * 78)
+    print("Part 3: an HTTP rule (the same host: GET allowed, anything else refused)")
+    print(f"$ sandlock net-run --allow 127.0.0.2:{port} --http-allow 'GET 127.0.0.2/v1/*' "
+          f"--http-port {port} --audit {audit} -- \\\n    sh -c '{get}; {post}'")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    for line in (r.stdout + r.stderr).splitlines():
+        print("  " + line)
+    print("\nThe audit record of the refused request:")
+    with open(audit) as f:
+        for line in f:
+            rec = json.loads(line)
+            print("  " + json.dumps({k: rec.get(k) for k in (
+                "decision", "protocol", "method", "host", "path", "rule", "reason", "argv")}))
+    print(f"\nThe server handled {api.hits} request(s): the GET. The POST (and its token) "
+          "never left the sandbox: Sandlock's filter answered it with the 403 above.")
+    api.shutdown()
+
+
 if __name__ == "__main__":
     main()
     net_run_demo()
+    http_rule_demo()

@@ -421,8 +421,9 @@ def test_cli_http_flags(upstream, tmp_path):
            "/bin/sh", "-c", f"curl -sS -o /dev/null -w '%{{http_code}} ' {base}/ok/1; "
            f"curl -sS -o /dev/null -w '%{{http_code}}' -X DELETE {base}/ok/2"]
     r = subprocess.run(cmd, capture_output=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
-                           os.path.abspath(__file__)))})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+                           + [p for p in [os.environ.get("PYTHONPATH")] if p])})
     assert r.stdout.split() == [b"200", b"403"], r.stderr
     assert up.seen == [("GET", "/ok/1", b"")]
 

@@ -16,7 +16,10 @@ import tempfile
 
 import dns.resolver  # noqa: F401  (loaded so that the nested run gets a copy)
 import dns.rrset  # noqa: F401
+import h11  # noqa: F401  (the HTTP filter imports it lazily)
+import hypothesis  # noqa: F401
 import pyseccomp  # noqa: F401
+import trustme  # noqa: F401
 import yaml  # noqa: F401
 import pytest
 
