@@ -14,7 +14,10 @@ Rules enforced here (netpolicy-threats, "HTTP requests" and "TLS"):
   address the Host names; any other Host is refused, never forwarded on trust.
 - Protocol switches (Upgrade, CONNECT, HTTP/2) are refused; Expect: 100-continue is
   answered by us after the decision, so no body goes upstream before it.
-- TLS connections are decided on their ClientHello's SNI (tls_sni) and then spliced.
+- TLS connections are decided on their ClientHello's SNI (tls_sni) and then spliced, or,
+  with interception (tls_intercept), terminated with a leaf for that SNI and judged
+  request by request like plain HTTP (the Host must then equal the SNI), the upstream
+  connection being TLS again with its certificate verified.
 - Any error denies: 400 for what cannot be framed or normalised, 403 for a decision, and
   the connection is closed. Every socket wait has a timeout.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import select
 import socket
+import ssl
 import threading
 import time
 from urllib.parse import parse_qs
@@ -52,9 +56,11 @@ class HttpContext:
     port."""
 
     def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
-                 info=None):
+                 info=None, intercept=None):
         self.address = ipaddress.ip_address(address)
         self.port = port
+        self.intercept = intercept  # tls_intercept.Interceptor, or None (SNI only)
+        self.sni: str | None = None  # set once an intercepted connection's SNI is known
         self.policy = policy
         self.names_for = names_for  # address -> names the sandbox resolved to it
         self.audit = audit          # callable(**record), or None
@@ -147,6 +153,9 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
     if len(hosts) != 1:
         raise Refusal(400, "a request needs exactly one Host header")
     host, port = _parse_host(hosts[0].decode("latin-1"))
+    if ctx.sni is not None and host != ctx.sni:
+        raise Refusal(403, f"Host {host} differs from the TLS server name {ctx.sni}",
+                      "default:destination")
     if port is not None and port != ctx.port:
         raise Refusal(403, f"Host port {port} is not the connection's port {ctx.port}",
                       "default:destination")
@@ -265,16 +274,8 @@ class HttpFilterProxy:
 
     def _serve_tls(self, conn: socket.socket, ctx: HttpContext) -> None:
         deadline = time.monotonic() + IDLE_TIMEOUT
-        buf = b""
         try:
-            while True:
-                data = _recv(conn, lambda: deadline - time.monotonic())
-                if not data:
-                    return
-                buf += data
-                sni = client_hello_sni(buf)
-                if sni is not None:
-                    break
+            sni, hello = _peek_client_hello(conn, deadline)
         except (SniError, _Closed) as e:
             self._audit(ctx, "deny", protocol="tls", rule="default:sni", reason=str(e),
                         errno="EACCES")
@@ -282,19 +283,80 @@ class HttpFilterProxy:
         try:
             check_destination(ctx, sni)
             verdict = decide_tls_host(ctx.policy, sni)
-            if not verdict.allowed:
+            # Intercepted, a rule that needs the request is applied to each request; only
+            # a host no rule can admit (or a host-wide deny) is refused here.
+            needs_request = "interception is required" in verdict.reason
+            if not verdict.allowed and not (ctx.intercept is not None and needs_request):
                 raise Refusal(403, verdict.reason, verdict.rule)
         except Refusal as r:
             self._audit(ctx, "deny", protocol="tls", host=sni, rule=r.rule, reason=r.reason,
                         errno="EACCES")
             return
+        if ctx.intercept is not None:
+            return self._intercept(conn, ctx, sni)
         self._audit(ctx, "allow", protocol="tls", host=sni, rule=verdict.rule)
         up = socket.create_connection((str(ctx.address), ctx.port), timeout=CONNECT_TIMEOUT)
         try:
-            up.sendall(buf)
-            _splice(conn, up)
+            _splice(conn, up)  # the peeked ClientHello is still unread: it goes first
         finally:
             up.close()
+
+    def _intercept(self, conn: socket.socket, ctx: HttpContext, sni: str) -> None:
+        """Terminate TLS with a leaf for `sni`; judge every request inside."""
+        ctx.sni = sni
+
+        def open_upstream():
+            raw = socket.create_connection((str(ctx.address), ctx.port),
+                                           timeout=CONNECT_TIMEOUT)
+            try:
+                return ctx.intercept.upstream.wrap_socket(raw, server_hostname=sni)
+            except BaseException:
+                raw.close()
+                raise
+        try:
+            up = open_upstream()
+        except ssl.SSLError as e:
+            self._audit(ctx, "deny", protocol="https", host=sni, rule="default:upstream-tls",
+                        reason=f"upstream TLS for {sni} failed verification: "
+                               f"{getattr(e, 'verify_message', None) or e}", errno="EACCES")
+            return
+        try:
+            tls = ctx.intercept.server_context(sni).wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError):
+            up.close()
+            return  # the client does not trust our CA, or went away
+        state = _HttpConnection(tls, ctx, up, open_upstream, protocol="https")
+        try:
+            state.serve(self)
+        finally:
+            state.close_upstream()
+            try:
+                tls.close()
+            except OSError:
+                pass
+
+
+def _peek_client_hello(conn: socket.socket, deadline: float) -> tuple[str, int]:
+    """(SNI, length of the ClientHello records) read with MSG_PEEK: nothing is consumed,
+    so the hello can still be forwarded untouched or handed to our own TLS server."""
+    want = 5
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _Closed("no complete ClientHello in time")
+        conn.settimeout(left)
+        try:
+            data = conn.recv(max(want, 5), socket.MSG_PEEK)
+        except socket.timeout:
+            raise _Closed("no complete ClientHello in time") from None
+        if not data:
+            raise _Closed("closed before the ClientHello")
+        sni = client_hello_sni(data)
+        if sni is not None:
+            return sni, len(data)
+        if len(data) < want:  # nothing new yet (a peek does not drain): wait a little
+            time.sleep(0.002)
+        want = len(data) + 4096
 
 
 def _splice(a: socket.socket, b: socket.socket) -> None:
@@ -324,12 +386,15 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
 class _HttpConnection:
     """One sandbox connection: requests in, checked, re-serialised, responses streamed."""
 
-    def __init__(self, conn: socket.socket, ctx: HttpContext):
-        self.conn, self.ctx = conn, ctx
+    def __init__(self, conn: socket.socket, ctx: HttpContext, up=None, opener=None,
+                 protocol: str = "http"):
+        self.conn, self.ctx, self.protocol = conn, ctx, protocol
         self.framer = RequestFramer()
         self.server = h11.Connection(h11.SERVER)
-        self.up: socket.socket | None = None
-        self.client: h11.Connection | None = None
+        self.up = up
+        self.client: h11.Connection | None = h11.Connection(h11.CLIENT) if up else None
+        self.opener = opener or (lambda: socket.create_connection(
+            (str(ctx.address), ctx.port), timeout=CONNECT_TIMEOUT))
         self.last = time.monotonic()
 
     def _left(self) -> float:
@@ -365,7 +430,7 @@ class _HttpConnection:
                 decided = decide_request(ctx, ev)
             except Refusal as r:
                 return self._refuse(proxy, r, method=ev.method.decode("ascii", "replace"))
-            proxy._audit(ctx, "allow", protocol="http", method=ev.method.decode(),
+            proxy._audit(ctx, "allow", protocol=self.protocol, method=ev.method.decode(),
                          host=decided.host, path=decided.path, rule=decided.rule)
             if not self._forward(decided):
                 return
@@ -378,7 +443,7 @@ class _HttpConnection:
         fields = dict(r.fields)
         if method is not None:
             fields.setdefault("method", method)
-        proxy._audit(self.ctx, "deny", protocol="http", rule=r.rule, reason=r.reason,
+        proxy._audit(self.ctx, "deny", protocol=self.protocol, rule=r.rule, reason=r.reason,
                      errno="EACCES", **fields)
         phrase = {400: b"Bad Request", 403: b"Forbidden"}.get(r.status, b"Error")
         body = f"sandlock: {r.reason}\n".encode("utf-8", "replace")
@@ -397,8 +462,7 @@ class _HttpConnection:
 
     def _open_upstream(self) -> None:
         if self.up is None:
-            self.up = socket.create_connection((str(self.ctx.address), self.ctx.port),
-                                               timeout=CONNECT_TIMEOUT)
+            self.up = self.opener()
             self.client = h11.Connection(h11.CLIENT)
 
     def _send_up(self, event) -> None:

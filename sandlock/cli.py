@@ -46,6 +46,15 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="deny HTTP requests matching RULE (checked first)")
     p.add_argument("--http-port", action="append", default=[], type=int, metavar="PORT",
                    help="TCP ports the HTTP filter sees (default 80 and 443)")
+    p.add_argument("--http-ca", metavar="PEM",
+                   help="intercept HTTPS with this CA (certificate, and key unless --http-key)")
+    p.add_argument("--http-key", metavar="PEM", help="the private key of --http-ca")
+    p.add_argument("--http-inject-ca", action="store_true",
+                   help="intercept HTTPS (with the default CA unless --http-ca) and make "
+                        "the sandbox trust it: SSL_CERT_FILE, CURL_CA_BUNDLE, ...")
+    p.add_argument("--http-ca-out", metavar="FILE", help="write the CA certificate here")
+    p.add_argument("--http-upstream-ca", metavar="PEM",
+                   help="verify upstream HTTPS servers against this bundle (default: system)")
     p.add_argument("--audit", metavar="FILE", help="append JSON Lines audit records here")
     p.add_argument("--audit-allowed", action="store_true",
                    help="record allowed network events too")
@@ -95,6 +104,14 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         audit = sub.add_parser("audit", help="summarise an audit log")
         audit.add_argument("file")
         audit.add_argument("--top", type=int, default=10)
+    if wanted("certs"):
+        certs = sub.add_parser(
+            "certs", help="the local CA used to intercept HTTPS",
+            description="init: create the CA in the certificate store (once); path: print "
+                        "the CA certificate's path; export: print the CA certificate (PEM). "
+                        "The store is $SANDLOCK_CERTS_DIR, else ~/.local/share/sandlock/certs; "
+                        "its private key is never readable inside a sandbox.")
+        certs.add_argument("action", choices=("init", "path", "export"))
     if wanted("check"):
         check = sub.add_parser("check", help="report what this kernel supports")
         check.add_argument("--allow-degraded", action="store_true",
@@ -143,6 +160,9 @@ def _flag_fields(a) -> dict:
         "net_allow_unix": a.net_allow_unix, "dns_servers": a.dns_server,
         "net_allow_private": a.net_allow_private or None,
         "http_allow": a.http_allow, "http_deny": a.http_deny, "http_ports": a.http_port or None,
+        "http_ca": a.http_ca, "http_key": a.http_key,
+        "http_inject_ca": a.http_inject_ca or None, "http_ca_out": a.http_ca_out,
+        "http_upstream_ca": a.http_upstream_ca,
         "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,
         "extra_deny_syscalls": a.extra_deny_syscall,
         "extra_allow_syscalls": a.extra_allow_syscall,
@@ -371,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["pipe"] and not set(argv[1:2]) & {"-h", "--help"}:
         return _pipe(argv[1:])  # stages carry `run` options, parsed stage by stage
     first = argv[0] if argv else None
-    known = ("run", "net-run", "pipe", "policy", "audit", "check")
+    known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check")
     args = _parser(first if first in known else None).parse_args(argv)
     if args.command in ("run", "net-run"):
         return _run(args, net_run=args.command == "net-run")
@@ -379,7 +399,34 @@ def main(argv: list[str] | None = None) -> int:
         return _policy_check(args)
     if args.command == "audit":
         return _audit(args)
+    if args.command == "certs":
+        return _certs(args)
     return _check(args)
+
+
+def _certs(a) -> int:
+    from netpolicy.tls_intercept import BASENAME, default_certs_dir, open_store
+    directory = default_certs_dir()
+    cert = directory / f"{BASENAME}-ca-cert.pem"
+    if a.action == "init" or not cert.exists():
+        if a.action != "init":
+            print(f"sandlock: error: no CA in {directory}; run `sandlock certs init`",
+                  file=sys.stderr)
+            return EXIT_SANDLOCK
+        existed = cert.exists()
+        try:
+            open_store(directory)
+        except OSError as e:
+            print(f"sandlock: error: {directory}: {e.strerror}", file=sys.stderr)
+            return EXIT_SANDLOCK
+        print(f"{'existing' if existed else 'created'} CA: {cert} "
+              f"(private key: {directory / (BASENAME + '-ca.pem')}, mode 0600)")
+        return 0
+    if a.action == "path":
+        print(cert)
+    else:
+        sys.stdout.write(cert.read_text())
+    return 0
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ class Policy:
     name: str | None
     http: object = None              # netpolicy HttpPolicy, or None without HTTP rules
     http_ports: frozenset = frozenset()  # TCP ports whose connections the HTTP filter sees
+    intercept: object = None         # InterceptSpec when HTTPS is intercepted
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
     policy_fn_timeout: float = 2.0
     runtime_events: frozenset = frozenset()  # event kinds it sees; empty without policy_fn
@@ -83,8 +84,6 @@ class Policy:
 _NOT_YET = {
     "net_deny_bind": "bind deny rules",
     "port_remap": "port remapping",
-    "http_ca": "HTTPS interception", "http_key": "HTTPS interception",
-    "http_inject_ca": "HTTPS interception", "http_ca_out": "HTTPS interception",
     "workdir": "the copy-on-write workspace", "fs_storage": "the copy-on-write workspace",
     "max_disk": "the copy-on-write workspace",
     "max_memory": "resource limits", "max_processes": "resource limits",
@@ -270,6 +269,42 @@ def parse_runtime(fields: dict, deny_syscalls: frozenset[str]):
     return fn, float(timeout), frozenset(events)
 
 
+@dataclass(frozen=True)
+class InterceptSpec:
+    """HTTPS interception: which CA, where its secrets are (denied to the sandbox), and
+    what the sandbox is told (netpolicy.tls_intercept)."""
+    ca: str | None            # the CA certificate (None: the default store's, on demand)
+    key: str | None           # its private key, when not in the ca file
+    upstream_ca: str | None   # bundle to verify upstream servers (None: system roots)
+    certs_dir: str            # the default store (also holds our private temp files)
+    inject: bool              # give the sandbox a bundle with our CA and the env vars
+    ca_out: str | None        # write the CA certificate here
+    public_dir: str           # where the injected bundle is written (readable)
+
+
+def parse_intercept(fields: dict, http) -> InterceptSpec | None:
+    ca, key, inject, out, upstream = (fields.get("http_ca"), fields.get("http_key"),
+                                      fields.get("http_inject_ca"), fields.get("http_ca_out"),
+                                      fields.get("http_upstream_ca"))
+    if not (ca or key or inject or out or upstream):
+        return None
+    if http is None:
+        raise PolicyError("http_ca/http_inject_ca/http_ca_out: HTTPS interception needs "
+                          "http_allow or http_deny rules")
+    if key and not ca:
+        raise PolicyError("http_key: given without http_ca")
+    for name, value in (("http_ca", ca), ("http_key", key), ("http_upstream_ca", upstream)):
+        if value is not None and not os.path.isfile(os.fsdecode(value)):
+            raise PolicyError(f"{name}: {value} is not a file")
+    if inject not in (None, True, False):
+        raise PolicyError(f"http_inject_ca: expected true or false, got {inject!r}")
+    from netpolicy.tls_intercept import default_certs_dir
+    certs = str(default_certs_dir().resolve())
+    real = (lambda v: os.path.realpath(os.fsdecode(v)) if v else None)
+    return InterceptSpec(real(ca), real(key), real(upstream), certs, bool(inject), real(out),
+                         os.path.join(os.path.dirname(certs), "ca-bundles"))
+
+
 def parse_http(fields: dict):
     """(HttpPolicy or None, ports). Ports default to 80 and 443 (TLS is recognised by its
     first byte, and decided on its SNI)."""
@@ -306,6 +341,16 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
     denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
     from .fs_rules import is_beneath
+    http, http_ports = parse_http(fields)
+    intercept = parse_intercept(fields, http)
+    if intercept is not None:
+        # The CA's private key (and the store's temporary leaf keys) are never readable
+        # inside the sandbox; the injected bundle (public) is.
+        denied += tuple(p for p in (intercept.certs_dir, intercept.key, intercept.ca)
+                        if p and p not in denied)
+        if intercept.inject:
+            os.makedirs(intercept.public_dir, mode=0o755, exist_ok=True)
+            readable += (intercept.public_dir,)
     grants = readable + writable
     if os.geteuid() == 0:
         # Started as root, the sandbox is uid 0 without capabilities: it still owns
@@ -320,7 +365,6 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     endpoints = parse_endpoints(fields.get("net_allow"), fields.get("net_deny"),
                                 fields.get("net_allow_private"))
     unix_allow = _unix_grants(fields.get("net_allow_unix"))
-    http, http_ports = parse_http(fields)
     # With HTTP rules every TCP connect is seen: those to an HTTP port go to the filter.
     tcp_by_landlock = http is None and not endpoints.deny and all(
         r.any_address for r in endpoints.allow if "tcp" in r.protocols)
@@ -363,7 +407,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         no_coredump=bool(fields.get("no_coredump")),
         allow_degraded=bool(fields.get("allow_degraded")),
         name=fields.get("name"),
-        http=http, http_ports=http_ports,
+        http=http, http_ports=http_ports, intercept=intercept,
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,
     )

@@ -37,14 +37,17 @@ SCHEMA = {
                 "allow_private": (BOOL, "net_allow_private")},
     "dns": {"servers": (STRLIST, "dns_servers")},
     "http": {"allow": (RULELIST, "http_allow"), "deny": (RULELIST, "http_deny"),
-             "ports": (PORTLIST, "http_ports")},
+             "ports": (PORTLIST, "http_ports"), "ca": (STR, "http_ca"),
+             "key": (STR, "http_key"), "inject_ca": (BOOL, "http_inject_ca"),
+             "ca_out": (STR, "http_ca_out"), "upstream_ca": (STR, "http_upstream_ca")},
     "audit": {"file": (STR, "audit_log"), "allowed": (BOOL, "audit_allowed")},
     "process": {"env": (STRMAP, "env"), "clean_env": (BOOL, "clean_env"),
                 "cwd": (STR, "cwd"), "timeout": (NUM, None)},
     "syscalls": {"deny": (STRLIST, "extra_deny_syscalls"),
                  "allow": (STRLIST, "extra_allow_syscalls")},
 }
-PATH_FIELDS = {"fs_readable", "fs_writable", "fs_denied", "net_allow_unix", "cwd", "audit_log"}
+PATH_FIELDS = {"fs_readable", "fs_writable", "fs_denied", "net_allow_unix", "cwd", "audit_log",
+               "http_ca", "http_key", "http_ca_out", "http_upstream_ca"}
 
 
 class LoadedPolicy:

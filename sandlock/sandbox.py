@@ -71,6 +71,7 @@ class Sandbox:
     http_key: str | None = None
     http_inject_ca: Any = None
     http_ca_out: str | None = None
+    http_upstream_ca: str | None = None
     max_memory: Any = None
     max_processes: int | None = None
     max_open_files: int | None = None
@@ -216,6 +217,13 @@ class Sandbox:
             # own responder; UDP queries are filtered one by one.
             opts = os.environb.get(b"RES_OPTIONS", b"") if not policy.clean_env else b""
             extra[b"RES_OPTIONS"] = (opts + b" use-vc").strip()
+        if net is not None and net.ca_bundle is not None:
+            # Programs inside trust our CA without manual steps (http_inject_ca).
+            bundle, cert = (os.fsencode(p) for p in net.ca_bundle)
+            for var in (b"SSL_CERT_FILE", b"REQUESTS_CA_BUNDLE", b"CURL_CA_BUNDLE",
+                        b"GIT_SSL_CAINFO", b"PIP_CERT"):
+                extra[var] = bundle
+            extra[b"NODE_EXTRA_CA_CERTS"] = cert
         env = _environment(policy, extra)
         path = env.get("PATH") if env is os.environ else os.fsdecode(env.get(b"PATH", b""))
         exe = _find_executable(argv[0], path or os.fsdecode(_DEFAULT_PATH), policy.cwd)

@@ -467,3 +467,87 @@ def test_property_no_encoding_gets_a_denied_path_forwarded(upstream):
         if normal is None or not policy.decide("GET", "127.0.0.1", normal).allowed:
             assert up.seen == []
     check()
+
+
+# -- HTTPS interception ----------------------------------------------------------------------
+
+@pytest.fixture
+def certs_dir(tmp_path, monkeypatch):
+    d = tmp_path / "certs"
+    monkeypatch.setenv("SANDLOCK_CERTS_DIR", str(d))
+    return d
+
+
+def _intercepting_sandbox(up, ca_file, tmp_path, rules, **kw):
+    from dnsserver import TestDnsServer
+    dns = TestDnsServer({"api.test": ["127.0.0.1"]})
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(net_allow=[f"api.test:{up.port}"], net_allow_private=True,
+                 dns_servers=[dns.address], http_allow=rules, http_ports=[up.port],
+                 http_inject_ca=True, http_upstream_ca=ca_file, audit_log=str(log), **kw)
+    return sb, log, dns
+
+
+def test_interception_enforces_path_rules_over_https(tls_upstream, tmp_path, certs_dir):
+    up, ca = tls_upstream
+    sb, log, _dns = _intercepting_sandbox(up, ca, tmp_path, ["GET api.test/ok/*"])
+    base = f"https://api.test:{up.port}"
+    # No --cacert: the sandbox trusts Sandlock's CA through the injected bundle.
+    r = sb.run(["/bin/sh", "-c", f"curl -sS {base}/ok/1; echo; curl -sS -i -d x=1 {base}/ok/2"],
+               timeout=30)
+    out = r.stdout.decode()
+    assert out.startswith("hello /ok/1\n"), (out, r.stderr)
+    assert "403 Forbidden" in out and "no rule allows POST api.test/ok/2" in out
+    assert up.seen == [("GET", "/ok/1", b"")]
+    denied = [rec for rec in _records(log) if rec["decision"] == "deny"]
+    assert denied[0]["protocol"] == "https" and denied[0]["path"] == "/ok/2"
+    # A Python client (REQUESTS_CA_BUNDLE / SSL_CERT_FILE) sees the same.
+    r = run_py(sb, URLLIB, f"{base}/ok/py", f"{base}/other")
+    assert r.stdout.decode().splitlines() == [
+        "hello /ok/py", "403 sandlock: no rule allows GET api.test/other"], r.stderr
+
+
+def test_interception_refuses_an_untrusted_upstream(upstream, tmp_path, certs_dir):
+    trustme = pytest.importorskip("trustme")
+    bad_ca, good_ca = trustme.CA(), trustme.CA()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    bad_ca.issue_cert("api.test").configure_cert(ctx)  # signed by a CA nobody trusts
+    up = upstream(tls_context=ctx)
+    trusted = tmp_path / "trusted.pem"
+    good_ca.cert_pem.write_to_path(str(trusted))
+    sb, log, _dns = _intercepting_sandbox(up, str(trusted), tmp_path, ["* api.test"])
+    r = sb.run(["curl", "-sS", f"https://api.test:{up.port}/ok/1"], timeout=30)
+    assert not r.success and up.seen == []
+    [rec] = [rec for rec in _records(log) if rec["decision"] == "deny"]
+    assert "failed verification" in rec["reason"] and rec["host"] == "api.test"
+
+
+def test_the_ca_private_key_is_not_readable_inside(tls_upstream, tmp_path, certs_dir):
+    up, ca = tls_upstream
+    os.chmod(tmp_path, 0o755)
+    sb, _, _dns = _intercepting_sandbox(up, ca, tmp_path, ["* api.test"],
+                                        fs_readable=[str(tmp_path)])
+    r = sb.run(["/bin/sh", "-c", f"cat {certs_dir}/sandlock-ca.pem; "
+                                 "cat $CURL_CA_BUNDLE | grep -c BEGIN"], timeout=30)
+    assert b"PRIVATE KEY" not in r.stdout
+    assert r.stderr.count(b"Permission denied") == 1, r.stderr
+    assert int(r.stdout.split()[-1]) >= 1  # the public bundle is readable
+
+
+def test_certs_cli(certs_dir):
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "sandlock", "certs", *args],
+                              capture_output=True, text=True, env=env, timeout=60)
+    assert cli("path").returncode == 125
+    r = cli("init")
+    assert r.returncode == 0 and "created CA" in r.stdout
+    assert (certs_dir / "sandlock-ca.pem").stat().st_mode & 0o077 == 0
+    assert cli("path").stdout.strip() == str(certs_dir / "sandlock-ca-cert.pem")
+    pem = cli("export").stdout
+    assert pem.startswith("-----BEGIN CERTIFICATE-----") and "PRIVATE" not in pem

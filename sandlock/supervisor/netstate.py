@@ -33,6 +33,17 @@ class NetState:
         self.tcp_by_landlock = policy.tcp_by_landlock
         self.http = policy.http            # HttpPolicy or None
         self.http_ports = policy.http_ports
+        self.interceptor = None            # netpolicy.tls_intercept.Interceptor
+        self.ca_bundle = None              # (bundle, CA certificate) given to the sandbox
+        spec = policy.intercept
+        if spec is not None:
+            from netpolicy.tls_intercept import interceptor
+            self.interceptor = interceptor(spec.ca, spec.key, spec.upstream_ca, spec.certs_dir)
+            if spec.ca_out:
+                with open(spec.ca_out, "wb") as f:
+                    f.write(self.interceptor.ca_pem)
+            if spec.inject:
+                self.ca_bundle = self.interceptor.publish(spec.public_dir)
         self.audit = audit
         self.dns_enabled = bool(self.policy.hostnames)
         self.resolver = self.pins = None
@@ -92,7 +103,7 @@ class NetState:
         return HttpContext(dest.address, dest.port, self.http,
                            pins.names_for if pins is not None else (lambda a: ()),
                            record, {"sandbox": session.name, "pid": req.pid,
-                                    "argv": argv_of(req.pid)})
+                                    "argv": argv_of(req.pid)}, self.interceptor)
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext
