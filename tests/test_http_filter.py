@@ -551,3 +551,98 @@ def test_certs_cli(certs_dir):
     assert cli("path").stdout.strip() == str(certs_dir / "sandlock-ca-cert.pem")
     pem = cli("export").stdout
     assert pem.startswith("-----BEGIN CERTIFICATE-----") and "PRIVATE" not in pem
+
+
+NO_SNI = r"""
+import socket, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+try:
+    ctx.wrap_socket(s)  # no server_hostname: a ClientHello without SNI
+    print("handshake")
+except (ssl.SSLError, OSError) as e:
+    print("refused")
+"""
+
+
+def test_tls_without_sni_is_refused(tls_upstream, tmp_path):
+    up, ca = tls_upstream
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(net_allow=[f"127.0.0.1:{up.port}"], http_allow=["* *"],
+                 http_ports=[up.port], audit_log=str(log))
+    r = run_py(sb, NO_SNI, str(up.port))
+    assert r.stdout.split() == [b"refused"] and up.seen == []
+    [rec] = [rec for rec in _records(log) if rec["decision"] == "deny"]
+    assert "no server name" in rec["reason"]
+
+
+def test_intercepted_host_must_equal_sni(tls_upstream, tmp_path, certs_dir):
+    up, ca = tls_upstream
+    sb, log, _dns = _intercepting_sandbox(up, ca, tmp_path, ["* api.test", "* other.test"])
+    r = sb.run(["curl", "-sS", "-H", "Host: other.test", f"https://api.test:{up.port}/ok/1"],
+               timeout=30)
+    assert b"differs from the TLS server name api.test" in r.stdout and up.seen == []
+
+
+def test_non_ascii_host_is_refused(upstream, tmp_path):
+    up = upstream()
+    sb, _ = _web_sandbox(up, tmp_path)
+    raw = f"GET /ok/x HTTP/1.1\r\nHost: \u00e9xample.test\r\n\r\n".encode("latin-1")
+    r = run_py(sb, RAW, str(up.port), raw.hex())
+    assert r.stdout.decode().strip() == "400" and up.seen == []
+
+
+# -- gateway mode: the same rules in a real mitmdump ------------------------------------------
+
+@pytest.mark.skipif(os.environ.get("SANDLOCK_NESTED_UNPRIVILEGED") == "1",
+                    reason="no sandbox involved; mitmdump's own dependencies are not copied")
+def test_gateway_addon_under_real_mitmdump(upstream, tmp_path):
+    import subprocess
+    import sys
+    import time
+    from conftest import free_port
+    up = upstream()
+    policy = tmp_path / "gw.yaml"
+    policy.write_text("version: 1\nhttp:\n  allow: ['GET 127.0.0.1/ok/*']\n"
+                      "audit:\n  file: gw-audit.jsonl\n")
+    port = free_port()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from mitmproxy.tools.main import mitmdump; mitmdump()",
+         "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port),
+         "--set", f"confdir={tmp_path / 'mitm'}", "-s", os.path.join(root, "netpolicy",
+                                                                      "gateway.py"),
+         "--set", f"sandlock_policy={policy}"],
+        env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        proxy = f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.1:{up.port}"
+
+        def curl(*args):
+            return subprocess.run(["curl", "-sS", "--noproxy", "", "-x", proxy, *args],
+                                  capture_output=True, timeout=30)
+        assert curl(f"{base}/ok/1").stdout == b"hello /ok/1"
+        r = curl("-i", "-d", "x=1", f"{base}/ok/2")
+        assert r.stdout.startswith(b"HTTP/1.1 403") and \
+            b"sandlock: no rule allows POST 127.0.0.1/ok/2" in r.stdout
+        assert curl(f"{base}/ok/%2e%2e/admin").stdout.startswith(b"sandlock: no rule allows")
+        r = curl("https://nowhere.test/")  # CONNECT to a host no rule admits
+        assert r.returncode != 0 and b"403" in r.stderr
+        assert up.paths() == ["/ok/1"]
+        recs = _records(tmp_path / "gw-audit.jsonl")
+        assert [(r.get("method"), r.get("path")) for r in recs[:2]] == [
+            ("POST", "/ok/2"), ("GET", "/admin")]
+        assert recs[2]["protocol"] == "connect" and recs[2]["host"] == "nowhere.test"
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,131 @@
+"""Gateway mode: the same HTTP rules, enforced by a mitmproxy addon for clients outside any
+sandbox (a shared egress proxy for agents, CI jobs, containers).
+
+    mitmdump -s netpolicy/gateway.py --set sandlock_policy=policies/http-read-only.yaml
+
+It reads the `http:` section (allow, deny) and `audit.file` of a Sandlock policy file.
+Decisions are taken in `requestheaders`, before any body is streamed; a refused request
+gets the same 403 (body naming the decision, `Connection: close`) and the same audit
+record as in a sandbox. CONNECT is refused for hosts no rule can admit; mitmproxy then
+intercepts the TLS inside (clients trust its CA), so every request is judged by method,
+host and path as plain HTTP is. The request is forwarded with the normalised path that was
+matched (netpolicy.http_path). A policy that cannot be read stops the proxy from serving:
+every request is refused until it is fixed.
+"""
+
+from __future__ import annotations
+
+import os
+
+from urllib.parse import parse_qs
+
+from mitmproxy import ctx, http
+
+from netpolicy.audit import AuditLog
+from netpolicy.http_path import PathError, normalize_path, split_target
+from netpolicy.http_rules import HttpPolicy, HttpRuleError, decide_tls_host
+
+
+def load_http_policy(path: str) -> tuple[HttpPolicy, str | None]:
+    """(rules, audit file) from a Sandlock YAML policy. Raises ValueError naming the file."""
+    import yaml
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("version") != 1:
+        raise ValueError(f"{path}: not a version 1 Sandlock policy")
+    section = doc.get("http") or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{path}: http: expected a mapping")
+    try:
+        policy = HttpPolicy.from_rules(section.get("allow") or (), section.get("deny") or ())
+    except HttpRuleError as e:
+        raise ValueError(f"{path}: http: {e}") from None
+    audit = (doc.get("audit") or {}).get("file")
+    if audit:
+        audit = os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(audit))
+    return policy, audit
+
+
+def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
+    flow.response = http.Response.make(
+        status, f"sandlock: {reason}\n".encode(),
+        {"Content-Type": "text/plain; charset=utf-8", "Connection": "close"})
+
+
+class SandlockGateway:
+    def __init__(self):
+        self.policy: HttpPolicy | None = None
+        self.audit: AuditLog | None = None
+        self.error = "no sandlock_policy set"
+
+    def load(self, loader):
+        loader.add_option("sandlock_policy", str, "", "a Sandlock YAML policy whose http "
+                                                        "rules this proxy enforces")
+
+    def configure(self, updated):
+        if "sandlock_policy" not in updated:
+            return
+        try:
+            self.policy, audit_path = load_http_policy(ctx.options.sandlock_policy)
+            self.audit = AuditLog(audit_path) if audit_path else None
+            self.error = None
+        except ValueError as e:
+            self.policy, self.error = None, str(e)
+            ctx.log.error(f"sandlock gateway: {e}")
+
+    def _record(self, flow, decision: str, **fields) -> None:
+        if self.audit is not None:
+            peer = flow.client_conn.peername
+            self.audit.record(decision=decision, sandbox="gateway",
+                              client=f"{peer[0]}:{peer[1]}" if peer else None, **fields)
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        if self.policy is None:
+            return _refuse(flow, 403, f"gateway has no policy ({self.error})")
+        host = flow.request.host.lower().rstrip(".")
+        verdict = decide_tls_host(self.policy, host)
+        # Interception follows: a rule that needs the request is applied per request.
+        if not verdict.allowed and "interception is required" not in verdict.reason:
+            self._record(flow, "deny", protocol="connect", host=host,
+                         port=flow.request.port, rule=verdict.rule, reason=verdict.reason)
+            _refuse(flow, 403, verdict.reason)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if self.policy is None:
+            return _refuse(flow, 403, f"gateway has no policy ({self.error})")
+        req = flow.request
+        method = req.method
+        host = (req.host_header or req.host or "").lower()
+        host = host.rsplit(":", 1)[0] if not host.startswith("[") else host
+        host = host.rstrip(".")
+        fields = dict(protocol=req.scheme, method=method, host=host)
+        if req.headers.get("upgrade"):
+            reason = f"protocol switch refused (Upgrade: {req.headers['upgrade'][:40]})"
+            self._record(flow, "deny", rule="default:protocol", reason=reason, **fields)
+            return _refuse(flow, 403, reason)
+        if method != method.upper():
+            self._record(flow, "deny", rule="default:framing", reason="lower-case method",
+                         **fields)
+            return _refuse(flow, 400, "lower-case method")
+        try:
+            raw_path, query = split_target(req.path)
+            path = normalize_path(raw_path)
+        except PathError as e:
+            self._record(flow, "deny", rule="default:path", reason=str(e), **fields)
+            return _refuse(flow, 400, f"refused path: {e}")
+        qs = parse_qs(query, keep_blank_values=True) if query else {}
+        headers = {k.lower(): req.headers.get_all(k) for k in req.headers}
+        verdict = self.policy.decide(method, host, path, qs, headers)
+        if not verdict.allowed:
+            self._record(flow, "deny", path=path, rule=verdict.rule, reason=verdict.reason,
+                         **fields)
+            return _refuse(flow, 403, verdict.reason)
+        req.path = path + ("?" + query if query is not None else "")
+        if self.audit is not None and self.audit.log_allowed:
+            self._record(flow, "allow", path=path, rule=verdict.rule, **fields)
+
+
+addons = [SandlockGateway()]
