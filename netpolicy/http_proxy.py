@@ -240,6 +240,8 @@ class HttpFilterProxy:
 
     def _run(self, conn, ctx) -> None:
         try:
+            # Heads and bodies are written separately: never wait on a delayed ACK.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(IDLE_TIMEOUT)
             try:
                 first = conn.recv(1, socket.MSG_PEEK)
@@ -295,7 +297,7 @@ class HttpFilterProxy:
         if ctx.intercept is not None:
             return self._intercept(conn, ctx, sni)
         self._audit(ctx, "allow", protocol="tls", host=sni, rule=verdict.rule)
-        up = socket.create_connection((str(ctx.address), ctx.port), timeout=CONNECT_TIMEOUT)
+        up = _connect_upstream(ctx)
         try:
             _splice(conn, up)  # the peeked ClientHello is still unread: it goes first
         finally:
@@ -306,8 +308,7 @@ class HttpFilterProxy:
         ctx.sni = sni
 
         def open_upstream():
-            raw = socket.create_connection((str(ctx.address), ctx.port),
-                                           timeout=CONNECT_TIMEOUT)
+            raw = _connect_upstream(ctx)
             try:
                 return ctx.intercept.upstream.wrap_socket(raw, server_hostname=sni)
             except BaseException:
@@ -359,6 +360,13 @@ def _peek_client_hello(conn: socket.socket, deadline: float) -> tuple[str, int]:
         want = len(data) + 4096
 
 
+def _connect_upstream(ctx: HttpContext) -> socket.socket:
+    """Our own connection to the original destination (already admitted)."""
+    s = socket.create_connection((str(ctx.address), ctx.port), timeout=CONNECT_TIMEOUT)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
 def _splice(a: socket.socket, b: socket.socket) -> None:
     """Relay both ways until either side closes or IDLE_TIMEOUT passes without a byte."""
     a.setblocking(True)
@@ -393,8 +401,7 @@ class _HttpConnection:
         self.server = h11.Connection(h11.SERVER)
         self.up = up
         self.client: h11.Connection | None = h11.Connection(h11.CLIENT) if up else None
-        self.opener = opener or (lambda: socket.create_connection(
-            (str(ctx.address), ctx.port), timeout=CONNECT_TIMEOUT))
+        self.opener = opener or (lambda: _connect_upstream(ctx))
         self.last = time.monotonic()
 
     def _left(self) -> float:
