@@ -39,7 +39,7 @@ def test_policy_errors_name_the_problem(kwargs, fragment):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("port_remap", {80: 8080}), ("http_ca", "/tmp/ca.pem"),
+    ("port_remap", {80: 8080}), ("fs_storage", "/tmp"),
     ("workdir", "/tmp"), ("max_memory", "512M"),
     ("uid", 1000),
 ])
