@@ -285,6 +285,16 @@ ATTACKS = {
     "two CL": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nContent-Length: 0\r\n"
                "Content-Length: 40\r\n\r\nGET /admin HTTP/1.1\r\nHost: {h}\r\n\r\n", "400",
                "/admin"),
+    "CL +3": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nContent-Length: +3\r\n\r\nabc",
+              "400", None),
+    "CL 03": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nContent-Length: 03\r\n\r\nabc",
+              "400", None),
+    "TE gzip": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nTransfer-Encoding: gzip\r\n\r\n",
+                "400", None),
+    "TE space colon": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nTransfer-Encoding : chunked"
+                       "\r\n\r\n0\r\n\r\n", "400", None),
+    "upper-case host, trailing dot": ("GET /ok/case HTTP/1.1\r\nHost: 127.0.0.1.:{port}\r\n"
+                                      "Connection: close\r\n\r\n", "200", None),
     "obs-fold": ("GET /ok/x HTTP/1.1\r\nHost: {h}\r\nX-A: 1\r\n Transfer-Encoding: chunked"
                  "\r\n\r\n", "400", None),
     "bare LF": ("GET /ok/x HTTP/1.1\nHost: {h}\n\n", "400", None),
@@ -303,7 +313,8 @@ def test_http_threats_never_reach_the_server(upstream, tmp_path, name):
     up = upstream()
     sb, log = _web_sandbox(up, tmp_path)
     request, statuses, forbidden = ATTACKS[name]
-    raw = request.replace("{h}", H.format(port=up.port)).encode()
+    raw = request.replace("{h}", H.format(port=up.port)).replace("{port}",
+                                                                 str(up.port)).encode()
     r = run_py(sb, RAW, str(up.port), raw.hex())
     assert r.stdout.decode().strip() == statuses, (r.stdout, r.stderr[-500:])
     if forbidden:
@@ -532,6 +543,45 @@ def test_the_ca_private_key_is_not_readable_inside(tls_upstream, tmp_path, certs
     assert b"PRIVATE KEY" not in r.stdout
     assert r.stderr.count(b"Permission denied") == 1, r.stderr
     assert int(r.stdout.split()[-1]) >= 1  # the public bundle is readable
+
+
+def test_ca_out_exports_the_certificate_only(tls_upstream, tmp_path, certs_dir):
+    up, ca = tls_upstream
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    os.chmod(tmp_path, 0o755)
+    out = pub / "exported.pem"
+    sb, _, _dns = _intercepting_sandbox(up, ca, tmp_path, ["* api.test"],
+                                        http_ca_out=str(out), fs_readable=[str(pub)])
+    r = sb.run(["curl", "-sS", "--cacert", str(out), f"https://api.test:{up.port}/ok/out"],
+               timeout=30)
+    assert r.stdout == b"hello /ok/out", r.stderr  # curl trusts exactly the exported CA
+    assert b"PRIVATE" not in out.read_bytes()
+
+
+NODE_FETCH = """
+const urls = process.argv.slice(1);  // node -e: argv[1] is the first argument
+(async () => {
+  for (const u of urls) {
+    try { const r = await fetch(u); console.log(r.status, (await r.text()).trim()); }
+    catch (e) { console.log("error", e.cause ? e.cause.code : e.message); }
+  }
+})();
+"""
+
+
+def test_node_fetch_goes_through_the_filter(upstream, tmp_path):
+    import shutil
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    up = upstream()
+    sb, _ = _web_sandbox(up, tmp_path, fs_readable=[os.path.dirname(os.path.realpath(node))])
+    base = f"http://127.0.0.1:{up.port}"
+    r = sb.run([node, "-e", NODE_FETCH, f"{base}/ok/node", f"{base}/admin"], timeout=60)
+    assert r.stdout.decode().splitlines() == [
+        "200 hello /ok/node", "403 sandlock: no rule allows GET 127.0.0.1/admin"], r.stderr
+    assert up.paths() == ["/ok/node"]
 
 
 def test_certs_cli(certs_dir):
