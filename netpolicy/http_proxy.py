@@ -12,8 +12,10 @@ Rules enforced here (netpolicy-threats, "HTTP requests" and "TLS"):
 - The upstream connection is opened only after the first request is allowed, to the
   original destination, which is the address the Host resolved to (pinned) or the literal
   address the Host names; any other Host is refused, never forwarded on trust.
-- Protocol switches (Upgrade, CONNECT, HTTP/2) are refused; Expect: 100-continue is
-  answered by us after the decision, so no body goes upstream before it.
+- Protocol switches (Upgrade, CONNECT, HTTP/2) are refused, except a WebSocket upgrade the
+  policy allows explicitly (the request itself is still judged; after the 101 the
+  connection is spliced: frames are not inspected). Expect: 100-continue is answered by
+  us after the decision, so no body goes upstream before it.
 - TLS connections are decided on their ClientHello's SNI (tls_sni) and then spliced, or,
   with interception (tls_intercept), terminated with a leaf for that SNI and judged
   request by request like plain HTTP (the Host must then equal the SNI), the upstream
@@ -56,10 +58,11 @@ class HttpContext:
     port."""
 
     def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
-                 info=None, intercept=None):
+                 info=None, intercept=None, upgrades=frozenset()):
         self.address = ipaddress.ip_address(address)
         self.port = port
         self.intercept = intercept  # tls_intercept.Interceptor, or None (SNI only)
+        self.upgrades = upgrades    # protocol switches allowed ({"websocket"} at most)
         self.sni: str | None = None  # set once an intercepted connection's SNI is known
         self.policy = policy
         self.names_for = names_for  # address -> names the sandbox resolved to it
@@ -146,7 +149,8 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
         raise Refusal(403, "CONNECT is refused (tunnels cannot be inspected)", "default:protocol")
     headers = [(n.lower(), v) for n, v in req.headers]
     upgrade = [v for n, v in headers if n == b"upgrade"]
-    if upgrade:
+    tokens = {t.strip().lower() for v in upgrade for t in v.decode("latin-1").split(",")}
+    if upgrade and (len(upgrade) != 1 or not tokens or not tokens <= ctx.upgrades):
         raise Refusal(403, f"protocol switch refused (Upgrade: {upgrade[0][:40].decode('latin-1')})",
                       "default:protocol")
     hosts = [v for n, v in headers if n == b"host"]
@@ -186,6 +190,8 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
     forwarded = path + ("?" + query if query is not None else "")
     keep = [(n, v) for n, v in headers if n not in _HOP_BY_HOP and n != b"host"]
     keep.insert(0, (b"host", hosts[0]))
+    if upgrade:  # allowed above: the switch is requested again, in our own words
+        keep += [(b"connection", b"Upgrade"), (b"upgrade", upgrade[0])]
     lengths = [v for n, v in headers if n == b"content-length"]
     if lengths:
         keep.append((b"content-length", lengths[0]))
@@ -513,6 +519,8 @@ class _HttpConnection:
                 self.client.receive_data(data)
                 continue
             if isinstance(ev, h11.InformationalResponse):
+                if ev.status_code == 101 and self.server.their_state is h11.MIGHT_SWITCH_PROTOCOL:
+                    return self._switch(ev)
                 continue  # 1xx from upstream: ours was sent already, others are dropped
             if isinstance(ev, h11.Response):
                 headers = [(n, v) for n, v in ev.headers
@@ -533,6 +541,21 @@ class _HttpConnection:
                 return True
             else:  # upstream closed mid-response
                 return False
+
+    def _switch(self, ev) -> bool:
+        """An allowed upgrade was accepted upstream: pass the 101 on, then splice."""
+        keep = [(n, v) for n, v in ev.headers
+                if n.lower() in (b"upgrade", b"connection") or n.lower().startswith(b"sec-")]
+        self._send_down(h11.InformationalResponse(status_code=101, headers=keep,
+                                                  reason=b"Switching Protocols"))
+        from_client, _ = self.server.trailing_data
+        from_upstream, _ = self.client.trailing_data
+        if from_client:
+            self.up.sendall(from_client)
+        if from_upstream:
+            self.conn.sendall(from_upstream)
+        _splice(self.conn, self.up)
+        return False
 
 
 _proxy: HttpFilterProxy | None = None

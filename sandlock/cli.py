@@ -46,6 +46,8 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="deny HTTP requests matching RULE (checked first)")
     p.add_argument("--http-port", action="append", default=[], type=int, metavar="PORT",
                    help="TCP ports the HTTP filter sees (default 80 and 443)")
+    p.add_argument("--http-upgrade", action="append", default=[], metavar="PROTOCOL",
+                   help="allow this protocol switch through the HTTP filter ('websocket')")
     p.add_argument("--http-ca", metavar="PEM",
                    help="intercept HTTPS with this CA (certificate, and key unless --http-key)")
     p.add_argument("--http-key", metavar="PEM", help="the private key of --http-ca")
@@ -160,7 +162,7 @@ def _flag_fields(a) -> dict:
         "net_allow_unix": a.net_allow_unix, "dns_servers": a.dns_server,
         "net_allow_private": a.net_allow_private or None,
         "http_allow": a.http_allow, "http_deny": a.http_deny, "http_ports": a.http_port or None,
-        "http_ca": a.http_ca, "http_key": a.http_key,
+        "http_upgrades": a.http_upgrade or None, "http_ca": a.http_ca, "http_key": a.http_key,
         "http_inject_ca": a.http_inject_ca or None, "http_ca_out": a.http_ca_out,
         "http_upstream_ca": a.http_upstream_ca,
         "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,

@@ -73,6 +73,7 @@ class Policy:
     name: str | None
     http: object = None              # netpolicy HttpPolicy, or None without HTTP rules
     http_ports: frozenset = frozenset()  # TCP ports whose connections the HTTP filter sees
+    http_upgrades: frozenset = frozenset()  # protocol switches allowed ({"websocket"})
     intercept: object = None         # InterceptSpec when HTTPS is intercepted
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
     policy_fn_timeout: float = 2.0
@@ -388,6 +389,12 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         raise PolicyError(f"max_open_files: expected a positive integer, got {max_open_files!r}")
     udp = "udp" in protocols or bool(endpoints.hostnames)
     policy_fn, policy_fn_timeout, runtime_events = parse_runtime(fields, deny_syscalls)
+    upgrades = fields.get("http_upgrades") or ()
+    if isinstance(upgrades, (str, bytes)) or any(u != "websocket" for u in upgrades):
+        raise PolicyError(f"http_upgrades: only ['websocket'] can be allowed (h2c would carry "
+                          f"HTTP/2 past the filter), got {upgrades!r}")
+    if upgrades and http is None:
+        raise PolicyError("http_upgrades: set without http_allow or http_deny rules")
     return Policy(
         endpoints=endpoints, unix_allow=unix_allow, tcp_by_landlock=tcp_by_landlock,
         net_supervised="network" in runtime_events or not (
@@ -408,6 +415,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         allow_degraded=bool(fields.get("allow_degraded")),
         name=fields.get("name"),
         http=http, http_ports=http_ports, intercept=intercept,
+        http_upgrades=frozenset(upgrades),
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,
     )

@@ -37,7 +37,8 @@ SCHEMA = {
                 "allow_private": (BOOL, "net_allow_private")},
     "dns": {"servers": (STRLIST, "dns_servers")},
     "http": {"allow": (RULELIST, "http_allow"), "deny": (RULELIST, "http_deny"),
-             "ports": (PORTLIST, "http_ports"), "ca": (STR, "http_ca"),
+             "ports": (PORTLIST, "http_ports"), "upgrades": (STRLIST, "http_upgrades"),
+             "ca": (STR, "http_ca"),
              "key": (STR, "http_key"), "inject_ca": (BOOL, "http_inject_ca"),
              "ca_out": (STR, "http_ca_out"), "upstream_ca": (STR, "http_upstream_ca")},
     "audit": {"file": (STR, "audit_log"), "allowed": (BOOL, "audit_allowed")},
@@ -198,7 +199,8 @@ def _check_endpoints(path, node, key, specs) -> None:
 
 LIST_FIELDS = ("fs_readable", "fs_writable", "fs_denied", "net_allow", "net_deny",
                "net_allow_bind", "net_allow_unix", "dns_servers", "extra_deny_syscalls",
-               "extra_allow_syscalls", "http_allow", "http_deny", "http_ports")
+               "extra_allow_syscalls", "http_allow", "http_deny", "http_ports",
+               "http_upgrades")
 
 
 def merge_fields(base: dict, extra: dict) -> dict:

@@ -293,7 +293,7 @@ ATTACKS = {
                 "400", None),
     "TE space colon": ("POST /ok/post HTTP/1.1\r\nHost: {h}\r\nTransfer-Encoding : chunked"
                        "\r\n\r\n0\r\n\r\n", "400", None),
-    "upper-case host, trailing dot": ("GET /ok/case HTTP/1.1\r\nHost: 127.0.0.1.:{port}\r\n"
+    "trailing-dot host": ("GET /ok/case HTTP/1.1\r\nHost: 127.0.0.1.:{port}\r\n"
                                       "Connection: close\r\n\r\n", "200", None),
     "obs-fold": ("GET /ok/x HTTP/1.1\r\nHost: {h}\r\nX-A: 1\r\n Transfer-Encoding: chunked"
                  "\r\n\r\n", "400", None),
@@ -696,3 +696,81 @@ def test_gateway_addon_under_real_mitmdump(upstream, tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+class EchoUpgrade:
+    """Accepts `Upgrade: websocket` with a 101, then echoes bytes; records request lines."""
+
+    def __init__(self):
+        self.seen = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(c,), daemon=True).start()
+
+    def _one(self, c):
+        with c:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = c.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            self.seen.append(head.split(b"\r\n")[0].decode())
+            c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                      b"Connection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n")
+            rest = head.split(b"\r\n\r\n", 1)[1]
+            while True:
+                if rest:
+                    c.sendall(b"echo:" + rest)
+                rest = c.recv(4096)
+                if not rest:
+                    return
+
+
+WS = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s.sendall(f"GET {sys.argv[2]} HTTP/1.1\r\nHost: 127.0.0.1:{sys.argv[1]}\r\nConnection: Upgrade\r\n"
+          "Upgrade: websocket\r\nSec-WebSocket-Key: abc\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    head += chunk
+print(head.split(b"\r\n")[0].decode())
+if b" 101 " in head.split(b"\r\n")[0]:
+    s.sendall(b"ping")
+    print(s.recv(100).decode())
+"""
+
+
+@pytest.mark.parametrize("upgrades, path, expect, seen", [
+    (None, "/ok/ws", ["HTTP/1.1 403 Forbidden"], []),
+    (["websocket"], "/ok/ws", ["HTTP/1.1 101 Switching Protocols", "echo:ping"],
+     ["GET /ok/ws HTTP/1.1"]),
+    (["websocket"], "/admin/ws", ["HTTP/1.1 403 Forbidden"], []),  # rules still apply
+])
+def test_websocket_only_when_allowed(upgrades, path, expect, seen):
+    srv = EchoUpgrade()
+    sb = sandbox(net_allow=[f"127.0.0.1:{srv.port}"], http_allow=["GET 127.0.0.1/ok/*"],
+                 http_ports=[srv.port], http_upgrades=upgrades)
+    r = run_py(sb, WS, str(srv.port), path)
+    assert r.stdout.decode().splitlines() == expect, r.stderr
+    assert srv.seen == seen
+
+
+def test_only_websocket_upgrades_can_be_allowed():
+    from sandlock import PolicyError
+    with pytest.raises(PolicyError, match="http_upgrades: only"):
+        sandbox(net_allow=[":80"], http_allow=["* *"], http_upgrades=["h2c"])

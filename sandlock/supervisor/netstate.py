@@ -33,6 +33,7 @@ class NetState:
         self.tcp_by_landlock = policy.tcp_by_landlock
         self.http = policy.http            # HttpPolicy or None
         self.http_ports = policy.http_ports
+        self.http_upgrades = policy.http_upgrades
         self.interceptor = None            # netpolicy.tls_intercept.Interceptor
         self.ca_bundle = None              # (bundle, CA certificate) given to the sandbox
         spec = policy.intercept
@@ -103,7 +104,8 @@ class NetState:
         return HttpContext(dest.address, dest.port, self.http,
                            pins.names_for if pins is not None else (lambda a: ()),
                            record, {"sandbox": session.name, "pid": req.pid,
-                                    "argv": argv_of(req.pid)}, self.interceptor)
+                                    "argv": argv_of(req.pid)}, self.interceptor,
+                           self.http_upgrades)
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext
