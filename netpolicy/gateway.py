@@ -49,6 +49,9 @@ def load_http_policy(path: str) -> tuple[HttpPolicy, str | None]:
     return policy, audit
 
 
+CONNECT_PORTS = frozenset({443})
+
+
 def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     flow.response = http.Response.make(
         status, f"sandlock: {reason}\n".encode(),
@@ -82,13 +85,28 @@ class SandlockGateway:
             self.audit.record(decision=decision, sandbox="gateway",
                               client=f"{peer[0]}:{peer[1]}" if peer else None, **fields)
 
+    def running(self):
+        # Bytes that are not HTTP (after a CONNECT, or a non-HTTP ALPN) would otherwise be
+        # relayed as raw TCP, past every rule.
+        ctx.options.update(rawtcp=False)
+
+    def tcp_start(self, flow) -> None:
+        flow.kill()
+
+    def udp_start(self, flow) -> None:
+        flow.kill()
+
     def http_connect(self, flow: http.HTTPFlow) -> None:
         if self.policy is None:
             return _refuse(flow, 403, f"gateway has no policy ({self.error})")
         host = flow.request.host.lower().rstrip(".")
         verdict = decide_tls_host(self.policy, host)
+        if flow.request.port not in CONNECT_PORTS:
+            verdict = type(verdict)(False, "default:connect",
+                                    f"CONNECT to port {flow.request.port} (only "
+                                    f"{sorted(CONNECT_PORTS)})")
         # Interception follows: a rule that needs the request is applied per request.
-        if not verdict.allowed and "interception is required" not in verdict.reason:
+        if not verdict.allowed and not verdict.needs_interception:
             self._record(flow, "deny", protocol="connect", host=host,
                          port=flow.request.port, rule=verdict.rule, reason=verdict.reason)
             _refuse(flow, 403, verdict.reason)
@@ -98,10 +116,19 @@ class SandlockGateway:
             return _refuse(flow, 403, f"gateway has no policy ({self.error})")
         req = flow.request
         method = req.method
-        host = (req.host_header or req.host or "").lower()
-        host = host.rsplit(":", 1)[0] if not host.startswith("[") else host
-        host = host.rstrip(".")
+        # Decide on where mitmproxy will connect (the CONNECT target or the URL's host);
+        # a Host header naming anything else is refused rather than trusted.
+        host = req.host.lower().rstrip(".")
         fields = dict(protocol=req.scheme, method=method, host=host)
+        header = (req.host_header or "").lower()
+        if header.startswith("["):
+            header = header[1:header.find("]")] if "]" in header else header
+        elif ":" in header:
+            header = header.rsplit(":", 1)[0]
+        if header and header.rstrip(".") != host.strip("[]"):
+            reason = f"Host {header[:60]} differs from the destination {host}"
+            self._record(flow, "deny", rule="default:destination", reason=reason, **fields)
+            return _refuse(flow, 403, reason)
         if req.headers.get("upgrade"):
             reason = f"protocol switch refused (Upgrade: {req.headers['upgrade'][:40]})"
             self._record(flow, "deny", rule="default:protocol", reason=reason, **fields)

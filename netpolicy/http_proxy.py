@@ -27,7 +27,6 @@ Rules enforced here (netpolicy-threats, "HTTP requests" and "TLS"):
 from __future__ import annotations
 
 import ipaddress
-import select
 import socket
 import ssl
 import threading
@@ -95,6 +94,10 @@ def _parse_host(value: str) -> tuple[str, int | None]:
         if end < 0:
             raise Refusal(400, "malformed IPv6 host")
         host, rest = value[1:end], value[end + 1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise Refusal(400, f"[{host[:40]}] is not an IPv6 address") from None
         if rest:
             if not rest.startswith(":") or not rest[1:].isdigit():
                 raise Refusal(400, "malformed host port")
@@ -118,7 +121,18 @@ def _parse_host(value: str) -> tuple[str, int | None]:
         raise Refusal(400, "malformed host")
     if port is not None and not 0 < port < 65536:
         raise Refusal(400, "host port out of range")
+    literal = _literal(host)
+    if literal is not None:  # one spelling per address: rules see what the check saw
+        host = str(literal)
+    elif ":" in host:
+        raise Refusal(400, "malformed host")
     return host, port
+
+
+def _authority(host: str, port: int | None) -> bytes:
+    """The Host value we forward: the canonical host that was matched."""
+    text = f"[{host}]" if ":" in host else host
+    return (text if port is None else f"{text}:{port}").encode("ascii")
 
 
 def _literal(host: str):
@@ -189,7 +203,7 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
         raise Refusal(403, verdict.reason, verdict.rule, method=method, host=host, path=path)
     forwarded = path + ("?" + query if query is not None else "")
     keep = [(n, v) for n, v in headers if n not in _HOP_BY_HOP and n != b"host"]
-    keep.insert(0, (b"host", hosts[0]))
+    keep.insert(0, (b"host", _authority(host, port)))
     if upgrade:  # allowed above: the switch is requested again, in our own words
         keep += [(b"connection", b"Upgrade"), (b"upgrade", upgrade[0])]
     lengths = [v for n, v in headers if n == b"content-length"]
@@ -224,10 +238,14 @@ class HttpFilterProxy:
         threading.Thread(target=self._accept_loop, name="sandlock-http", daemon=True).start()
 
     def expect(self, client: tuple[str, int], ctx: HttpContext) -> None:
+        """Judge the connection from `client` with `ctx`. A live registration is never
+        replaced: another socket sharing that address could otherwise inherit it."""
         now = time.monotonic()
         with self._lock:
             for key in [k for k, (_, t) in self._clients.items() if now - t > EXPECT_TTL]:
                 del self._clients[key]
+            if client in self._clients:
+                raise OSError(98, f"{client} is already waiting for the HTTP filter")
             self._clients[client] = (ctx, now)
 
     def _accept_loop(self) -> None:
@@ -283,7 +301,7 @@ class HttpFilterProxy:
     def _serve_tls(self, conn: socket.socket, ctx: HttpContext) -> None:
         deadline = time.monotonic() + IDLE_TIMEOUT
         try:
-            sni, hello = _peek_client_hello(conn, deadline)
+            sni, hello = _peek_client_hello(conn, deadline, ctx.intercept is not None)
         except (SniError, _Closed) as e:
             self._audit(ctx, "deny", protocol="tls", rule="default:sni", reason=str(e),
                         errno="EACCES")
@@ -293,8 +311,8 @@ class HttpFilterProxy:
             verdict = decide_tls_host(ctx.policy, sni)
             # Intercepted, a rule that needs the request is applied to each request; only
             # a host no rule can admit (or a host-wide deny) is refused here.
-            needs_request = "interception is required" in verdict.reason
-            if not verdict.allowed and not (ctx.intercept is not None and needs_request):
+            if not verdict.allowed and not (ctx.intercept is not None
+                                            and verdict.needs_interception):
                 raise Refusal(403, verdict.reason, verdict.rule)
         except Refusal as r:
             self._audit(ctx, "deny", protocol="tls", host=sni, rule=r.rule, reason=r.reason,
@@ -343,7 +361,8 @@ class HttpFilterProxy:
                 pass
 
 
-def _peek_client_hello(conn: socket.socket, deadline: float) -> tuple[str, int]:
+def _peek_client_hello(conn: socket.socket, deadline: float,
+                       intercepting: bool) -> tuple[str, int]:
     """(SNI, length of the ClientHello records) read with MSG_PEEK: nothing is consumed,
     so the hello can still be forwarded untouched or handed to our own TLS server."""
     want = 5
@@ -358,7 +377,7 @@ def _peek_client_hello(conn: socket.socket, deadline: float) -> tuple[str, int]:
             raise _Closed("no complete ClientHello in time") from None
         if not data:
             raise _Closed("closed before the ClientHello")
-        sni = client_hello_sni(data)
+        sni = client_hello_sni(data, allow_ech=intercepting)
         if sni is not None:
             return sni, len(data)
         if len(data) < want:  # nothing new yet (a peek does not drain): wait a little
@@ -374,27 +393,34 @@ def _connect_upstream(ctx: HttpContext) -> socket.socket:
 
 
 def _splice(a: socket.socket, b: socket.socket) -> None:
-    """Relay both ways until either side closes or IDLE_TIMEOUT passes without a byte."""
-    a.setblocking(True)
-    b.setblocking(True)
-    a.settimeout(None)
-    b.settimeout(None)
+    """Relay both ways until either side closes or IDLE_TIMEOUT passes without a byte.
+    Every write is bounded too: a peer that stops reading ends the relay."""
+    import selectors
+    a.settimeout(IDLE_TIMEOUT)
+    b.settimeout(IDLE_TIMEOUT)
     peers = {a: b, b: a}
     open_ = {a, b}
-    while open_:
-        ready, _, _ = select.select(list(open_), [], [], IDLE_TIMEOUT)
-        if not ready:
-            return
-        for s in ready:
-            data = s.recv(CHUNK)
-            if not data:
-                open_.discard(s)
-                try:
-                    peers[s].shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-                continue
-            peers[s].sendall(data)
+    with selectors.DefaultSelector() as sel:
+        for s in open_:
+            sel.register(s, selectors.EVENT_READ)
+        while open_:
+            # Bytes already decrypted inside an SSL object make no fd readable.
+            ready = [s for s in open_ if isinstance(s, ssl.SSLSocket) and s.pending()]
+            if not ready:
+                ready = [k.fileobj for k, _ in sel.select(IDLE_TIMEOUT) if k.fileobj in open_]
+            if not ready:
+                return
+            for s in ready:
+                data = s.recv(CHUNK)
+                if not data:
+                    open_.discard(s)
+                    sel.unregister(s)
+                    try:
+                        peers[s].shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                    continue
+                peers[s].sendall(data)
 
 
 class _HttpConnection:
@@ -424,6 +450,7 @@ class _HttpConnection:
 
     def serve(self, proxy: HttpFilterProxy) -> None:
         ctx = self.ctx
+        self._proxy = proxy
         while True:
             try:
                 ev = self._next_request_event()
@@ -447,6 +474,7 @@ class _HttpConnection:
                          host=decided.host, path=decided.path, rule=decided.rule)
             if not self._forward(decided):
                 return
+            self.last = time.monotonic()
             if self.server.our_state is h11.DONE and self.server.their_state is h11.DONE:
                 self.server.start_next_cycle()
             else:
@@ -497,7 +525,12 @@ class _HttpConnection:
             self._send_down(h11.InformationalResponse(status_code=100, headers=[],
                                                       reason=b"Continue"))
         while True:  # the request body, as it arrives (already framed strictly)
-            ev = self._next_request_event()
+            try:
+                ev = self._next_request_event()
+            except (FramingError, h11.RemoteProtocolError) as e:
+                self._refuse(self._proxy, Refusal(400, f"ambiguous framing: {e}",
+                                                  "default:framing"))
+                return False
             if isinstance(ev, h11.Data):
                 self._send_up(h11.Data(data=ev.data))
             elif isinstance(ev, h11.EndOfMessage):
@@ -523,10 +556,13 @@ class _HttpConnection:
                     return self._switch(ev)
                 continue  # 1xx from upstream: ours was sent already, others are dropped
             if isinstance(ev, h11.Response):
+                chunked = any(n.lower() == b"transfer-encoding" for n, _ in ev.headers)
+                # h11 decoded the body by Transfer-Encoding when both were sent: the
+                # Content-Length is then not the body's and must not be passed on.
                 headers = [(n, v) for n, v in ev.headers
-                           if n.lower() not in _HOP_BY_HOP or n.lower() == b"content-length"]
-                if any(n.lower() == b"transfer-encoding" for n, _ in ev.headers) and not \
-                        any(n.lower() == b"content-length" for n, _ in headers):
+                           if n.lower() not in _HOP_BY_HOP
+                           or (n.lower() == b"content-length" and not chunked)]
+                if chunked:
                     headers.append((b"transfer-encoding", b"chunked"))
                 self._send_down(h11.Response(status_code=ev.status_code, headers=headers,
                                              reason=ev.reason))

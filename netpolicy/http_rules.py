@@ -59,11 +59,13 @@ class HttpRule:
                 return False
         elif path != self.path:
             return False
+        # A condition holds only for exactly one value, equal to the rule's: with repeated
+        # parameters or headers, servers differ on which one counts.
         for k, v in self.query:
-            if v not in query.get(k, ()):
+            if list(query.get(k, ())) != [v]:
                 return False
         for k, v in self.headers:
-            if v not in headers.get(k, ()):
+            if list(headers.get(k, ())) != [v]:
                 return False
         return True
 
@@ -168,6 +170,7 @@ class HttpVerdict:
     allowed: bool
     rule: str
     reason: str
+    needs_interception: bool = False  # TLS: a rule for this host needs the request
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,7 @@ def decide_tls_host(policy: HttpPolicy, host: str) -> HttpVerdict:
             if _host_wide(rule):
                 return HttpVerdict(False, rule.spec, f"denied by {rule.spec}")
             return HttpVerdict(False, rule.spec, f"{rule.spec} needs the request itself: "
-                                                 f"HTTPS interception is required")
+                                                 f"HTTPS interception is required", True)
     if not policy.allow:
         return HttpVerdict(True, "default:allow", "no allow rules")
     partial = None
@@ -227,5 +230,6 @@ def decide_tls_host(policy: HttpPolicy, host: str) -> HttpVerdict:
             partial = partial or rule
     if partial is not None:
         return HttpVerdict(False, partial.spec, f"{partial.spec} allows only some requests "
-                                                f"to {host}: HTTPS interception is required")
+                                                f"to {host}: HTTPS interception is required",
+                           True)
     return HttpVerdict(False, "default:deny", f"no rule allows HTTPS to {host}")

@@ -58,7 +58,10 @@ class Interceptor:
             fd = os.open(combined, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(pem)
-            self.store = CertStore.from_files(combined, self._private / "dhparam.pem")
+            try:
+                self.store = CertStore.from_files(combined, self._private / "dhparam.pem")
+            finally:
+                os.unlink(combined)  # the key now lives in memory only
             self.secrets = [str(Path(p).resolve()) for p in (ca, key) if p is not None]
         else:
             self.store = open_store(directory)
@@ -74,16 +77,22 @@ class Interceptor:
         """Paths holding the CA's private key (to deny to every sandbox)."""
         return self.secrets + [str(self._private)]
 
+    MAX_CONTEXTS = 1024
+
     def server_context(self, name: str) -> ssl.SSLContext:
-        """A server context presenting a leaf for `name`, signed by our CA (cached)."""
+        """A server context presenting a leaf for `name`, signed by our CA (cached, at most
+        MAX_CONTEXTS names). mitmproxy's leaves reuse the CA's key pair, so the file
+        load_cert_chain needs exists only for the moment it is read."""
         with self._lock:
             ctx = self._contexts.get(name)
             if ctx is not None:
                 return ctx
+            if len(self._contexts) >= self.MAX_CONTEXTS:
+                self._contexts.pop(next(iter(self._contexts)))
             from cryptography import x509
             from cryptography.hazmat.primitives import serialization
             entry = self.store.get_cert(name, [x509.DNSName(name)])
-            path = self._private / f"leaf-{len(self._contexts)}.pem"
+            path = self._private / "leaf.pem"
             key = entry.privatekey.private_bytes(serialization.Encoding.PEM,
                                                  serialization.PrivateFormat.PKCS8,
                                                  serialization.NoEncryption())
@@ -92,7 +101,10 @@ class Interceptor:
                 f.write(key + entry.cert.to_pem())
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-            ctx.load_cert_chain(path)
+            try:
+                ctx.load_cert_chain(path)
+            finally:
+                os.unlink(path)
             ctx.set_alpn_protocols(["http/1.1"])
             self._contexts[name] = ctx
             return ctx

@@ -2,8 +2,8 @@
 
 Pure: bytes in, a name (or a reason to refuse) out. A ClientHello may span several TLS
 records; `client_hello_sni` says how many more bytes it needs. No SNI, an encrypted
-ClientHello (ECH outer with a public name is still an SNI we check; a hello without one is
-refused), more than one name, or anything malformed is refused: the filter cannot decide.
+ClientHello (ECH, even GREASE: its SNI would only be the outer public name), more than one
+name, or anything malformed is refused: the filter cannot decide.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import struct
 
 MAX_HELLO = 64 * 1024
 _HANDSHAKE, _CLIENT_HELLO, _EXT_SERVER_NAME = 22, 1, 0
+_EXT_ECH = (0xFE0D, 0xFFCE)  # encrypted_client_hello (and its draft code point)
 
 
 class SniError(ValueError):
@@ -47,8 +48,10 @@ def _handshake_bytes(data: bytes) -> bytes:
                 return out[4:need]
 
 
-def client_hello_sni(data: bytes) -> str | None:
-    """The server name, or None if more bytes are needed. Raises SniError to refuse."""
+def client_hello_sni(data: bytes, allow_ech: bool = False) -> str | None:
+    """The server name, or None if more bytes are needed. Raises SniError to refuse.
+    `allow_ech`: when the connection is intercepted (we terminate TLS and check every
+    request's Host against this name), an ECH extension is harmless and is ignored."""
     try:
         hello = _handshake_bytes(data)
     except NeedMore:
@@ -56,12 +59,12 @@ def client_hello_sni(data: bytes) -> str | None:
             raise SniError("ClientHello too large") from None
         return None
     try:
-        return _server_name(hello)
+        return _server_name(hello, allow_ech)
     except (IndexError, struct.error):
         raise SniError("malformed ClientHello") from None
 
 
-def _server_name(hello: bytes) -> str:
+def _server_name(hello: bytes, allow_ech: bool) -> str:
     off = 2 + 32  # client_version, random
     sid_len = hello[off]
     off += 1 + sid_len
@@ -84,6 +87,9 @@ def _server_name(hello: bytes) -> str:
         if len(body) != elen:
             raise SniError("malformed extension")
         off += elen
+        if etype in _EXT_ECH and not allow_ech:
+            # The SNI would be the outer, public name: the real one is encrypted.
+            raise SniError("encrypted ClientHello (ECH): the server name cannot be checked")
         if etype == _EXT_SERVER_NAME:
             if names:
                 raise SniError("two server_name extensions")

@@ -326,6 +326,50 @@ def test_http_threats_never_reach_the_server(upstream, tmp_path, name):
         assert up.paths() == ["/ok/abs"]  # forwarded in origin form
 
 
+@pytest.mark.parametrize("host, path, status", [
+    ("[::ffff:127.0.0.1]:{port}", "/admin", "403"),   # an alias of the denied address
+    ("[::ffff:127.0.0.1]:{port}", "/fine", "200"),    # the same alias, allowed path
+    ("[evil.test]:{port}", "/fine", "400"),           # brackets hold IPv6 only
+])
+def test_host_literals_are_canonical_for_rules(upstream, host, path, status):
+    up = upstream()
+    sb = sandbox(net_allow=[f"127.0.0.1:{up.port}"], http_allow=["* *"],
+                 http_deny=["* 127.0.0.1/admin*"], http_ports=[up.port])
+    raw = (f"GET {path} HTTP/1.1\r\nHost: {host.format(port=up.port)}\r\n"
+           "Connection: close\r\n\r\n").encode()
+    r = run_py(sb, RAW, str(up.port), raw.hex())
+    assert r.stdout.decode().strip() == status
+    assert up.paths() == (["/fine"] if status == "200" else [])
+
+
+def test_query_and_header_conditions_need_exactly_one_value():
+    policy = HttpPolicy.from_rules([{"methods": ["GET"], "host": "a.test", "path": "/list",
+                                     "query": {"per_page": "100"}}])
+    assert policy.decide("GET", "a.test", "/list", {"per_page": ["100"]}).allowed
+    assert not policy.decide("GET", "a.test", "/list",
+                             {"per_page": ["100", "100000"]}).allowed
+
+
+def test_encrypted_client_hello_is_refused():
+    import struct
+    hello = bytearray(_client_hello("api.test"))
+    # Append an encrypted_client_hello extension (0xfe0d) and fix the three lengths.
+    ext = struct.pack("!HH", 0xFE0D, 4) + b"\0\0\0\0"
+    body = bytes(hello[9:]) + ext
+    ext_total_at = 9 + 2 + 32
+    ext_total_at += 1 + body[ext_total_at - 9]                      # session id
+    ext_total_at += 2 + struct.unpack_from("!H", body, ext_total_at - 9)[0]  # suites
+    ext_total_at += 1 + body[ext_total_at - 9]                      # compression
+    body = bytearray(body)
+    old = struct.unpack_from("!H", body, ext_total_at - 9)[0]
+    struct.pack_into("!H", body, ext_total_at - 9, old + len(ext))
+    msg = bytes([1]) + len(body).to_bytes(3, "big") + bytes(body)
+    record = bytes([22]) + bytes(hello[1:3]) + struct.pack("!H", len(msg)) + msg
+    assert client_hello_sni(bytes(hello)) == "api.test"
+    with pytest.raises(SniError, match="encrypted ClientHello"):
+        client_hello_sni(record)
+
+
 def test_expect_continue_is_answered_after_the_decision(upstream, tmp_path):
     up = upstream()
     sb, _ = _web_sandbox(up, tmp_path)
@@ -686,13 +730,15 @@ def test_gateway_addon_under_real_mitmdump(upstream, tmp_path):
         assert r.stdout.startswith(b"HTTP/1.1 403") and \
             b"sandlock: no rule allows POST 127.0.0.1/ok/2" in r.stdout
         assert curl(f"{base}/ok/%2e%2e/admin").stdout.startswith(b"sandlock: no rule allows")
+        r = curl("-H", "Host: other.test", f"{base}/ok/3")  # the URL's host decides
+        assert b"differs from the destination" in r.stdout
         r = curl("https://nowhere.test/")  # CONNECT to a host no rule admits
         assert r.returncode != 0 and b"403" in r.stderr
         assert up.paths() == ["/ok/1"]
         recs = _records(tmp_path / "gw-audit.jsonl")
         assert [(r.get("method"), r.get("path")) for r in recs[:2]] == [
             ("POST", "/ok/2"), ("GET", "/admin")]
-        assert recs[2]["protocol"] == "connect" and recs[2]["host"] == "nowhere.test"
+        assert recs[3]["protocol"] == "connect" and recs[3]["host"] == "nowhere.test"
     finally:
         proc.terminate()
         proc.wait(10)
