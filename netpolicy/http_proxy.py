@@ -44,6 +44,7 @@ from .tls_sni import SniError, client_hello_sni
 IDLE_TIMEOUT = 30.0       # no byte from either side for this long: close
 CONNECT_TIMEOUT = 10.0
 MAX_CONNECTIONS = 256     # served at once, across all sandboxes
+PER_SANDBOX = 64          # served at once for one sandbox: it cannot shut out the others
 EXPECT_TTL = 10.0
 CHUNK = 65536
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization",
@@ -57,11 +58,12 @@ class HttpContext:
     port."""
 
     def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
-                 info=None, intercept=None, upgrades=frozenset()):
+                 info=None, intercept=None, upgrades=frozenset(), slots=None):
         self.address = ipaddress.ip_address(address)
         self.port = port
         self.intercept = intercept  # tls_intercept.Interceptor, or None (SNI only)
         self.upgrades = upgrades    # protocol switches allowed ({"websocket"} at most)
+        self.slots = slots          # the sandbox's share of connections (a semaphore)
         self.sni: str | None = None  # set once an intercepted connection's SNI is known
         self.policy = policy
         self.names_for = names_for  # address -> names the sandbox resolved to it
@@ -256,10 +258,18 @@ class HttpFilterProxy:
                 return
             with self._lock:
                 entry = self._clients.pop(peer[:2], None)
-            if entry is None or not self._slots.acquire(blocking=False):
+            ctx = entry[0] if entry is not None else None
+            if ctx is None or not self._slots.acquire(blocking=False):
                 conn.close()
                 continue
-            threading.Thread(target=self._run, args=(conn, entry[0]),
+            if ctx.slots is not None and not ctx.slots.acquire(blocking=False):
+                self._slots.release()
+                self._audit(ctx, "deny", protocol="http", rule="default:quota",
+                            reason=f"more than {PER_SANDBOX} connections through the HTTP "
+                                   f"filter at once", errno="EAGAIN")
+                conn.close()
+                continue
+            threading.Thread(target=self._run, args=(conn, ctx),
                              daemon=True, name="sandlock-http-conn").start()
 
     def _run(self, conn, ctx) -> None:
@@ -279,6 +289,8 @@ class HttpFilterProxy:
         finally:
             conn.close()
             self._slots.release()
+            if ctx.slots is not None:
+                ctx.slots.release()
 
     # -- audit --
 

@@ -820,3 +820,40 @@ def test_only_websocket_upgrades_can_be_allowed():
     from sandlock import PolicyError
     with pytest.raises(PolicyError, match="http_upgrades: only"):
         sandbox(net_allow=[":80"], http_allow=["* *"], http_upgrades=["h2c"])
+
+
+HOG = r"""
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
+time.sleep(0.5)
+closed = 0
+for s in socks:
+    s.setblocking(False)
+    try:
+        closed += s.recv(1) == b""
+    except BlockingIOError:
+        pass
+print(closed)
+sys.stdout.flush()
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_one_sandbox_cannot_take_every_filter_connection(upstream, tmp_path):
+    from netpolicy.http_proxy import PER_SANDBOX
+    from sandlock import StdioMode
+    up = upstream()
+    hog, _ = _web_sandbox(up, tmp_path)
+    proc = hog.popen([PY, "-c", HOG, str(up.port), str(PER_SANDBOX + 10), "5"],
+                     stdout=StdioMode.PIPED)
+    try:
+        line = os.read(proc._stdout_fd, 100)
+        assert line.strip() == b"10"  # those beyond its share were closed at once
+        (tmp_path / "other").mkdir()
+        other, _ = _web_sandbox(up, tmp_path / "other")  # another sandbox, meanwhile
+        r = other.run(["curl", "-sS", f"http://127.0.0.1:{up.port}/ok/other"], timeout=30)
+        assert r.stdout == b"hello /ok/other"
+    finally:
+        proc.kill()
+        proc.close()

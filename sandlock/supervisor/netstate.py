@@ -34,6 +34,10 @@ class NetState:
         self.http = policy.http            # HttpPolicy or None
         self.http_ports = policy.http_ports
         self.http_upgrades = policy.http_upgrades
+        self.http_slots = None
+        if self.http is not None:
+            from netpolicy.http_proxy import PER_SANDBOX
+            self.http_slots = threading.BoundedSemaphore(PER_SANDBOX)
         self.interceptor = None            # netpolicy.tls_intercept.Interceptor
         self.ca_bundle = None              # (bundle, CA certificate) given to the sandbox
         spec = policy.intercept
@@ -105,7 +109,7 @@ class NetState:
                            pins.names_for if pins is not None else (lambda a: ()),
                            record, {"sandbox": session.name, "pid": req.pid,
                                     "argv": argv_of(req.pid)}, self.interceptor,
-                           self.http_upgrades)
+                           self.http_upgrades, self.http_slots)
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext
