@@ -12,9 +12,10 @@ Rules enforced here (netpolicy-threats, "HTTP requests" and "TLS"):
 - The upstream connection is opened only after the first request is allowed, to the
   original destination, which is the address the Host resolved to (pinned) or the literal
   address the Host names; any other Host is refused, never forwarded on trust.
-- Protocol switches (Upgrade, CONNECT, HTTP/2) are refused, except a WebSocket upgrade the
-  policy allows explicitly (the request itself is still judged; after the 101 the
-  connection is spliced: frames are not inspected). Expect: 100-continue is answered by
+- Protocol switches (Upgrade, CONNECT, HTTP/2) are refused unless the policy names them in
+  `upgrades` ("websocket", "h2c", "h2" for prior knowledge, "connect"): the request that
+  asks for the switch is still judged (CONNECT on its target host), and what follows the
+  switch is spliced, not inspected; the audit record says so. Expect: 100-continue is answered by
   us after the decision, so no body goes upstream before it.
 - TLS connections are decided on their ClientHello's SNI (tls_sni) and then spliced, or,
   with interception (tls_intercept), terminated with a leaf for that SNI and judged
@@ -45,6 +46,7 @@ IDLE_TIMEOUT = 30.0       # no byte from either side for this long: close
 CONNECT_TIMEOUT = 10.0
 MAX_CONNECTIONS = 256     # served at once, across all sandboxes
 PER_SANDBOX = 64          # served at once for one sandbox: it cannot shut out the others
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 EXPECT_TTL = 10.0
 CHUNK = 65536
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization",
@@ -158,11 +160,27 @@ def check_destination(ctx: HttpContext, host: str) -> None:
                            f"(domain fronting is refused)", "default:destination")
 
 
+def _decide_connect(ctx: HttpContext, req: h11.Request) -> Decided:
+    """CONNECT through an allowed HTTP proxy: only when the policy allows tunnels, and then
+    decided on the tunnel's host alone (what passes inside is not inspected)."""
+    if "connect" not in ctx.upgrades:
+        raise Refusal(403, "CONNECT is refused (tunnels cannot be inspected; "
+                           "http_upgrades=['connect'] allows them)", "default:protocol")
+    host, port = _parse_host(req.target.decode("latin-1"))
+    if port is None:
+        raise Refusal(400, "CONNECT target without a port")
+    verdict = decide_tls_host(ctx.policy, host)
+    if not verdict.allowed:
+        raise Refusal(403, verdict.reason, verdict.rule, method="CONNECT", host=host)
+    authority = _authority(host, port)
+    return Decided(b"CONNECT", authority, host, [(b"host", authority)], "", verdict.rule)
+
+
 def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
     """Check one parsed request; raises Refusal. Pure except for ctx.names_for."""
     method = req.method.decode("ascii")
     if method == "CONNECT":
-        raise Refusal(403, "CONNECT is refused (tunnels cannot be inspected)", "default:protocol")
+        return _decide_connect(ctx, req)
     headers = [(n.lower(), v) for n, v in req.headers]
     upgrade = [v for n, v in headers if n == b"upgrade"]
     tokens = {t.strip().lower() for v in upgrade for t in v.decode("latin-1").split(",")}
@@ -302,6 +320,19 @@ class HttpFilterProxy:
     # -- plain HTTP --
 
     def _serve_http(self, conn: socket.socket, ctx: HttpContext) -> None:
+        if "h2" in ctx.upgrades:
+            try:
+                head = conn.recv(len(H2_PREFACE), socket.MSG_PEEK | socket.MSG_WAITALL)
+            except socket.timeout:
+                return
+            if head == H2_PREFACE:  # HTTP/2 with prior knowledge, allowed: not inspected
+                self._audit(ctx, "allow", protocol="h2", rule="http_upgrades:h2",
+                            reason="HTTP/2 with prior knowledge is spliced, not inspected")
+                up = _connect_upstream(ctx)
+                try:
+                    return _splice(conn, up)
+                finally:
+                    up.close()
         state = _HttpConnection(conn, ctx)
         try:
             state.serve(self)
@@ -532,6 +563,7 @@ class _HttpConnection:
         """Send the request (and its body) upstream and stream the response back.
         False when the connection must end."""
         self._open_upstream()
+        self._method = d.method
         self._send_up(h11.Request(method=d.method, target=d.target, headers=d.headers))
         if self.server.they_are_waiting_for_100_continue:
             self._send_down(h11.InformationalResponse(status_code=100, headers=[],
@@ -567,6 +599,11 @@ class _HttpConnection:
                 if ev.status_code == 101 and self.server.their_state is h11.MIGHT_SWITCH_PROTOCOL:
                     return self._switch(ev)
                 continue  # 1xx from upstream: ours was sent already, others are dropped
+            if isinstance(ev, h11.Response) and self._method == b"CONNECT" and \
+                    200 <= ev.status_code < 300:
+                self._send_down(h11.Response(status_code=ev.status_code, headers=[],
+                                             reason=ev.reason))
+                return self._tunnel()
             if isinstance(ev, h11.Response):
                 chunked = any(n.lower() == b"transfer-encoding" for n, _ in ev.headers)
                 # h11 decoded the body by Transfer-Encoding when both were sent: the
@@ -596,6 +633,11 @@ class _HttpConnection:
                 if n.lower() in (b"upgrade", b"connection") or n.lower().startswith(b"sec-")]
         self._send_down(h11.InformationalResponse(status_code=101, headers=keep,
                                                   reason=b"Switching Protocols"))
+        return self._tunnel()
+
+    def _tunnel(self) -> bool:
+        """After an allowed switch (101, or 2xx to CONNECT): what each side already sent
+        past the switch goes on, then the bytes are spliced (no longer HTTP)."""
         from_client, _ = self.server.trailing_data
         from_upstream, _ = self.client.trailing_data
         if from_client:

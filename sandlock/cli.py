@@ -47,7 +47,8 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", action="append", default=[], type=int, metavar="PORT",
                    help="TCP ports the HTTP filter sees (default 80 and 443)")
     p.add_argument("--http-upgrade", action="append", default=[], metavar="PROTOCOL",
-                   help="allow this protocol switch through the HTTP filter ('websocket')")
+                   help="allow a protocol switch through the HTTP filter: websocket, h2c, h2 "
+                        "(prior knowledge) or connect; what follows is not inspected")
     p.add_argument("--http-ca", metavar="PEM",
                    help="intercept HTTPS with this CA (certificate, and key unless --http-key)")
     p.add_argument("--http-key", metavar="PEM", help="the private key of --http-ca")

@@ -73,7 +73,7 @@ class Policy:
     name: str | None
     http: object = None              # netpolicy HttpPolicy, or None without HTTP rules
     http_ports: frozenset = frozenset()  # TCP ports whose connections the HTTP filter sees
-    http_upgrades: frozenset = frozenset()  # protocol switches allowed ({"websocket"})
+    http_upgrades: frozenset = frozenset()  # protocol switches allowed (not inspected after)
     intercept: object = None         # InterceptSpec when HTTPS is intercepted
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
     policy_fn_timeout: float = 2.0
@@ -390,9 +390,10 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     udp = "udp" in protocols or bool(endpoints.hostnames)
     policy_fn, policy_fn_timeout, runtime_events = parse_runtime(fields, deny_syscalls)
     upgrades = fields.get("http_upgrades") or ()
-    if isinstance(upgrades, (str, bytes)) or any(u != "websocket" for u in upgrades):
-        raise PolicyError(f"http_upgrades: only ['websocket'] can be allowed (h2c would carry "
-                          f"HTTP/2 past the filter), got {upgrades!r}")
+    kinds = ("websocket", "h2c", "h2", "connect")
+    if isinstance(upgrades, (str, bytes)) or any(u not in kinds for u in upgrades):
+        raise PolicyError(f"http_upgrades: expected a list of {', '.join(kinds)} (what "
+                          f"follows each is not inspected), got {upgrades!r}")
     if upgrades and http is None:
         raise PolicyError("http_upgrades: set without http_allow or http_deny rules")
     return Policy(

@@ -771,9 +771,15 @@ class EchoUpgrade:
                 if not chunk:
                     return
                 head += chunk
-            self.seen.append(head.split(b"\r\n")[0].decode())
-            c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                      b"Connection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n")
+            line = head.split(b"\r\n")[0]
+            self.seen.append(line.decode())
+            if line.startswith(b"CONNECT "):
+                c.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            elif not line.startswith(b"PRI "):
+                token = [h.split(b":", 1)[1].strip() for h in head.split(b"\r\n")
+                         if h.lower().startswith(b"upgrade:")][0]
+                c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: " + token +
+                          b"\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n")
             rest = head.split(b"\r\n\r\n", 1)[1]
             while True:
                 if rest:
@@ -816,10 +822,64 @@ def test_websocket_only_when_allowed(upgrades, path, expect, seen):
     assert srv.seen == seen
 
 
-def test_only_websocket_upgrades_can_be_allowed():
+def test_only_known_upgrades_can_be_allowed():
     from sandlock import PolicyError
-    with pytest.raises(PolicyError, match="http_upgrades: only"):
-        sandbox(net_allow=[":80"], http_allow=["* *"], http_upgrades=["h2c"])
+    with pytest.raises(PolicyError, match="http_upgrades: expected a list of websocket"):
+        sandbox(net_allow=[":80"], http_allow=["* *"], http_upgrades=["spdy"])
+
+
+SWITCH = r"""
+import socket, sys
+port, kind = int(sys.argv[1]), sys.argv[2]
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+if kind == "h2":
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\nping")
+else:
+    if kind == "connect":
+        req = f"CONNECT {sys.argv[3]} HTTP/1.1\r\nHost: {sys.argv[3]}\r\n\r\n"
+    else:
+        req = (f"GET /ok/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\n"
+               "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n")
+    s.sendall(req.encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    print(head.split(b"\r\n")[0].decode())
+    if b" 101 " not in head and b" 200 " not in head:
+        sys.exit(0)
+    s.sendall(b"ping")
+try:
+    print(repr(s.recv(100).decode() or "closed")[1:-1])
+except OSError as e:
+    print("error", e)
+"""
+
+
+@pytest.mark.parametrize("kind, allowed, args, expect, seen", [
+    ("connect", False, ["tunnel.test:443"], ["HTTP/1.1 403 Forbidden"], []),
+    ("connect", True, ["tunnel.test:443"],
+     ["HTTP/1.1 200 Connection established", "echo:ping"], ["CONNECT tunnel.test:443 HTTP/1.1"]),
+    ("connect", True, ["elsewhere.test:443"], ["HTTP/1.1 403 Forbidden"], []),
+    ("h2c", False, [], ["HTTP/1.1 403 Forbidden"], []),
+    ("h2c", True, [], ["HTTP/1.1 101 Switching Protocols", "echo:ping"],
+     ["GET /ok/x HTTP/1.1"]),
+    ("h2", False, [], ["HTTP/1.1 400 Bad Request"], []),
+    ("h2", True, [], [r"echo:SM\r\n\r\nping"], ["PRI * HTTP/2.0"]),
+])
+def test_protocol_switches_only_when_the_policy_names_them(kind, allowed, args, expect,
+                                                            seen):
+    srv = EchoUpgrade()
+    sb = sandbox(net_allow=[f"127.0.0.1:{srv.port}"],
+                 http_allow=["GET 127.0.0.1/ok/*", "* tunnel.test"], http_ports=[srv.port],
+                 http_upgrades=[kind] if allowed else None)
+    r = run_py(sb, SWITCH, str(srv.port), kind, *args)
+    out = r.stdout.decode().splitlines()
+    assert len(out) == len(expect) and all(o.startswith(e) for o, e in zip(out, expect)), \
+        (out, r.stderr)
+    assert srv.seen == seen
 
 
 HOG = r"""
