@@ -8,7 +8,8 @@ Decisions are taken in `requestheaders`, before any body is streamed; a refused 
 gets the same 403 (body naming the decision, `Connection: close`) and the same audit
 record as in a sandbox. CONNECT is refused for hosts no rule can admit; mitmproxy then
 intercepts the TLS inside (clients trust its CA), so every request is judged by method,
-host and path as plain HTTP is. The request is forwarded with the normalised path that was
+host and path as plain HTTP is, and its Host and the TLS server name (SNI) must both name
+the connection's target. The request is forwarded with the normalised path that was
 matched (netpolicy.http_path). A policy that cannot be read stops the proxy from serving:
 every request is refused until it is fixed.
 """
@@ -49,9 +50,6 @@ def load_http_policy(path: str) -> tuple[HttpPolicy, str | None]:
     return policy, audit
 
 
-CONNECT_PORTS = frozenset({443})
-
-
 def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     flow.response = http.Response.make(
         status, f"sandlock: {reason}\n".encode(),
@@ -67,6 +65,8 @@ class SandlockGateway:
     def load(self, loader):
         loader.add_option("sandlock_policy", str, "", "a Sandlock YAML policy whose http "
                                                         "rules this proxy enforces")
+        loader.add_option("sandlock_connect_ports", str, "443",
+                          "comma-separated ports CONNECT may reach (default 443)")
 
     def configure(self, updated):
         if "sandlock_policy" not in updated:
@@ -101,10 +101,11 @@ class SandlockGateway:
             return _refuse(flow, 403, f"gateway has no policy ({self.error})")
         host = flow.request.host.lower().rstrip(".")
         verdict = decide_tls_host(self.policy, host)
-        if flow.request.port not in CONNECT_PORTS:
+        ports = {int(p) for p in ctx.options.sandlock_connect_ports.split(",") if p.strip()}
+        if flow.request.port not in ports:
             verdict = type(verdict)(False, "default:connect",
                                     f"CONNECT to port {flow.request.port} (only "
-                                    f"{sorted(CONNECT_PORTS)})")
+                                    f"{sorted(ports)}: sandlock_connect_ports)")
         # Interception follows: a rule that needs the request is applied per request.
         if not verdict.allowed and not verdict.needs_interception:
             self._record(flow, "deny", protocol="connect", host=host,
@@ -127,6 +128,11 @@ class SandlockGateway:
             header = header.rsplit(":", 1)[0]
         if header and header.rstrip(".") != host.strip("[]"):
             reason = f"Host {header[:60]} differs from the destination {host}"
+            self._record(flow, "deny", rule="default:destination", reason=reason, **fields)
+            return _refuse(flow, 403, reason)
+        sni = (flow.client_conn.sni or "").lower().rstrip(".")
+        if flow.client_conn.tls_established and sni and sni != host.strip("[]"):
+            reason = f"TLS server name {sni[:60]} differs from the destination {host}"
             self._record(flow, "deny", rule="default:destination", reason=reason, **fields)
             return _refuse(flow, 403, reason)
         if req.headers.get("upgrade"):

@@ -692,7 +692,7 @@ def test_non_ascii_host_is_refused(upstream, tmp_path):
 
 @pytest.mark.skipif(os.environ.get("SANDLOCK_NESTED_UNPRIVILEGED") == "1",
                     reason="no sandbox involved; mitmdump's own dependencies are not copied")
-def test_gateway_addon_under_real_mitmdump(upstream, tmp_path):
+def test_gateway_addon_under_real_mitmdump(upstream, tls_upstream, tmp_path):
     import subprocess
     import sys
     import time
@@ -708,7 +708,8 @@ def test_gateway_addon_under_real_mitmdump(upstream, tmp_path):
          "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port),
          "--set", f"confdir={tmp_path / 'mitm'}", "-s", os.path.join(root, "netpolicy",
                                                                       "gateway.py"),
-         "--set", f"sandlock_policy={policy}"],
+         "--set", f"sandlock_policy={policy}", "--set", "ssl_insecure=true",
+         "--set", f"sandlock_connect_ports=443,{tls_upstream[0].port}"],
         env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:
@@ -732,13 +733,21 @@ def test_gateway_addon_under_real_mitmdump(upstream, tmp_path):
         assert curl(f"{base}/ok/%2e%2e/admin").stdout.startswith(b"sandlock: no rule allows")
         r = curl("-H", "Host: other.test", f"{base}/ok/3")  # the URL's host decides
         assert b"differs from the destination" in r.stdout
+        tls_up, _ = tls_upstream
+        mitm_ca = str(tmp_path / "mitm" / "mitmproxy-ca-cert.pem")
+        # Through the tunnel to 127.0.0.1 with Host 127.0.0.1 but SNI api.test: refused.
+        r = curl("--cacert", mitm_ca, "-H", f"Host: 127.0.0.1:{tls_up.port}", "--connect-to",
+                 f"api.test:{tls_up.port}:127.0.0.1:{tls_up.port}",
+                 f"https://api.test:{tls_up.port}/ok/sni")
+        assert b"TLS server name api.test differs" in r.stdout, r.stderr
+        assert tls_up.seen == []
         r = curl("https://nowhere.test/")  # CONNECT to a host no rule admits
         assert r.returncode != 0 and b"403" in r.stderr
         assert up.paths() == ["/ok/1"]
         recs = _records(tmp_path / "gw-audit.jsonl")
         assert [(r.get("method"), r.get("path")) for r in recs[:2]] == [
             ("POST", "/ok/2"), ("GET", "/admin")]
-        assert recs[3]["protocol"] == "connect" and recs[3]["host"] == "nowhere.test"
+        assert recs[-1]["protocol"] == "connect" and recs[-1]["host"] == "nowhere.test"
     finally:
         proc.terminate()
         proc.wait(10)
