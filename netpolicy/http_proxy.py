@@ -43,6 +43,7 @@ from .http_rules import HttpPolicy, decide_tls_host
 from .tls_sni import SniError, client_hello_sni
 
 IDLE_TIMEOUT = 30.0       # no byte from either side for this long: close
+HEAD_TIMEOUT = 30.0       # a request head must be complete this long after it began
 CONNECT_TIMEOUT = 10.0
 MAX_CONNECTIONS = 256     # served at once, across all sandboxes
 PER_SANDBOX = 64          # served at once for one sandbox: it cannot shut out the others
@@ -478,11 +479,16 @@ class _HttpConnection:
         self.client: h11.Connection | None = h11.Connection(h11.CLIENT) if up else None
         self.opener = opener or (lambda: _connect_upstream(ctx))
         self.last = time.monotonic()
+        self.head_deadline: float | None = None
 
     def _left(self) -> float:
-        return self.last + IDLE_TIMEOUT - time.monotonic()
+        left = self.last + IDLE_TIMEOUT - time.monotonic()
+        if self.head_deadline is not None:  # a trickled head cannot hold a slot forever
+            left = min(left, self.head_deadline - time.monotonic())
+        return left
 
-    def _next_request_event(self):
+    def _next_request_event(self, head: bool = False):
+        self.head_deadline = time.monotonic() + HEAD_TIMEOUT if head else None
         while True:
             ev = self.server.next_event()
             if ev is not h11.NEED_DATA:
@@ -496,7 +502,7 @@ class _HttpConnection:
         self._proxy = proxy
         while True:
             try:
-                ev = self._next_request_event()
+                ev = self._next_request_event(head=True)
             except FramingError as e:
                 return self._refuse(proxy, Refusal(400, f"ambiguous framing: {e}",
                                                    "default:framing"))

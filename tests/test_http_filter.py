@@ -926,3 +926,28 @@ def test_one_sandbox_cannot_take_every_filter_connection(upstream, tmp_path):
     finally:
         proc.kill()
         proc.close()
+
+
+TRICKLE = r"""
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+head = f"GET /ok/slow HTTP/1.1\r\nHost: 127.0.0.1:{sys.argv[1]}\r\n\r\n".encode()
+start = time.monotonic()
+try:
+    for b in head:  # one byte every 0.1 s: never idle, never complete in time
+        s.sendall(bytes([b]))
+        time.sleep(0.1)
+    print("sent all", s.recv(100)[:12])
+except OSError as e:
+    print("cut off after", round(time.monotonic() - start))
+"""
+
+
+def test_a_trickled_request_head_is_cut_off(upstream, tmp_path, monkeypatch):
+    import netpolicy.http_proxy as hp
+    monkeypatch.setattr(hp, "HEAD_TIMEOUT", 1.0)
+    up = upstream()
+    sb, _ = _web_sandbox(up, tmp_path)
+    r = run_py(sb, TRICKLE, str(up.port))
+    assert r.stdout.decode().split()[:3] == ["cut", "off", "after"], r.stdout
+    assert int(r.stdout.split()[-1]) <= 3 and up.seen == []
