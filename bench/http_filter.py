@@ -106,6 +106,12 @@ def run(rounds=6, requests=1000, quick=False, log=lambda s: print(s, file=sys.st
     ca_file = os.path.join(work, "ca.pem")
     ca.cert_pem.write_to_path(ca_file)
     os.chmod(ca_file, 0o644)
+    # Upstream's interception takes its CA as files (http_ca, http_key).
+    mitm = trustme.CA(key_type=trustme.KeyType.RSA)  # in case only RSA CAs are accepted
+    mitm_ca, mitm_key = os.path.join(work, "mitm-ca.pem"), os.path.join(work, "mitm-key.pem")
+    mitm.cert_pem.write_to_path(mitm_ca)
+    mitm.private_key_pem.write_to_path(mitm_key)
+    os.chmod(mitm_ca, 0o644)
     plain, secure = _server(HOST), _server("127.0.0.1", tls_ctx)
     dns = TestDnsServer({NAME_TLS: ["127.0.0.1"]})
     hport, sport = plain.server_address[1], secure.server_address[1]
@@ -124,7 +130,13 @@ def run(rounds=6, requests=1000, quick=False, log=lambda s: print(s, file=sys.st
                  ("http", HOST, hport, None)),
         "https": ([Peer("bare", "plain", None, "direct TLS (plain `subprocess.run`)"),
                    Peer("ours", "ours", {**fs, **https_rule},
-                        "ours: the same rule, HTTPS intercepted (injected CA)")],
+                        "ours: the same rule, HTTPS intercepted (injected CA)"),
+                   Peer("upstream", "upstream",
+                        {**fs, "net_allow": [f"127.0.0.1:{sport}"],
+                         "http_allow": ["GET 127.0.0.1/api/*"], "http_ports": [sport],
+                         "http_ca": mitm_ca, "http_key": mitm_key},
+                        f"upstream {UPSTREAM_VERSION}, the same rule, its interception "
+                        "(http_ca/http_key)")],
                   ("https", NAME_TLS, sport, ca_file)),
     }
     os.environ.setdefault("SANDLOCK_CERTS_DIR", os.path.join(work, "certs"))
@@ -135,9 +147,11 @@ def run(rounds=6, requests=1000, quick=False, log=lambda s: print(s, file=sys.st
         for kind, (peers, (scheme, name, port, cafile)) in kinds.items():
             def argv(n, warm, peer):
                 bare = peer.policy is None  # trusts the test CA, cannot resolve bench.test
-                return [PY, "-I", "-S", "-c", PROG, scheme, name, str(port), str(n),
-                        str(warm), cafile if bare and cafile else "-",
-                        "127.0.0.1" if bare and scheme == "https" else "-"]
+                up = peer.worker == "upstream" and scheme == "https"  # trusts its MITM CA
+                trust = cafile if bare and cafile else mitm_ca if up else "-"
+                return [PY, "-I", "-S", "-c", PROG, scheme, "127.0.0.1" if up else name,
+                        str(port), str(n), str(warm), trust,
+                        "127.0.0.1" if (bare or up) and scheme == "https" else "-"]
             samples, totals, unavailable = {}, {}, {}
             for p in peers:
                 r = _ask(workers, p, argv(5, 0, p), name)
@@ -212,6 +226,11 @@ def markdown(result):
             lines.append(f"| {about} | {s['median']:.3f} | {s['p99']:.3f} | "
                          f"{s['median'] - bare['median']:+.3f} | "
                          f"{s['p99'] - bare['p99']:+.3f} | {tp[name]:,.0f} |")
+        if kind == "https" and "upstream" in r["unavailable"]:
+            lines += ["", f"Upstream {UPSTREAM_VERSION}'s interception could not be measured: "
+                      "its Python API fails with `sandlock_create failed` (no reason given) when "
+                      "`http_ca`/`http_key` are set (RSA or ECDSA CA alike), and warns that "
+                      "`http_inject_ca` and `http_ca_out` are \"not wired through FFI\"."]
         added = st["ours"]["median"] - bare["median"]
         lines.append("")
         lines.append(f"Target: p50 added latency ≤ {TARGET_P50_MS} ms: {added:+.3f} ms, "
