@@ -42,6 +42,10 @@ def _sandbox(policy):
         fields = dict(policy)
         if "policy_fn" in fields:
             fields["policy_fn"] = _CALLBACKS[fields["policy_fn"]]
+        import sandlock
+        for key in ("on_exit", "on_error"):  # enums cannot cross JSON either
+            if isinstance(fields.get(key), str):
+                fields[key] = getattr(sandlock.BranchAction, fields[key].upper())
         _sandboxes[key] = Sandbox(**fields)
     return _sandboxes[key]
 
@@ -76,16 +80,17 @@ def _api(req):
     return (lambda: sb.run(req["argv"])), check
 
 
-def _process(cmd):
+def _process(cmd, cwd=None):
     def check(cp):
         return None if cp.returncode == 0 else f"exit {cp.returncode}: {_tail(cp.stderr)}"
     # Output captured, as the sandbox APIs' run() do.
-    return (lambda: subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True)), check
+    return (lambda: subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
+                                   cwd=cwd)), check
 
 
 OPS = {
     "api_run": _api,
-    "subprocess_run": lambda req: _process(req["argv"]),
+    "subprocess_run": lambda req: _process(req["argv"], req.get("cwd")),
     "cli_run": lambda req: _process(_cli_cmd(req)),
     "bwrap_run": lambda req: _process(_bwrap_cmd(req["argv"], req["policy"])),
 }

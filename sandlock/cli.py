@@ -76,6 +76,18 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clean-env", action="store_true",
                    help="start from a minimal environment (PATH HOME TERM LANG ...)")
     p.add_argument("--cwd", metavar="DIR", help="working directory of the program")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="copy-on-write workspace: the program's writes under DIR go to a "
+                        "private layer, applied or discarded when it ends")
+    p.add_argument("--fs-storage", metavar="DIR",
+                   help="where the workspace's layer lives (default ~/.cache/sandlock/cow)")
+    p.add_argument("--max-disk", metavar="SIZE", help="cap on the layer's size (e.g. 512M)")
+    p.add_argument("--on-exit", choices=("commit", "abort", "keep"),
+                   help="workspace outcome when the program exits 0 (default commit)")
+    p.add_argument("--on-error", choices=("commit", "abort", "keep"),
+                   help="workspace outcome otherwise (default abort)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --workdir: print what the program changed, then discard it")
     p.add_argument("--no-coredump", action="store_true", help="no core dumps")
     p.add_argument("--name", help="a name for the sandbox (in errors and logs)")
     p.add_argument("--allow-degraded", action="store_true",
@@ -172,6 +184,9 @@ def _flag_fields(a) -> dict:
         "keep_capabilities": a.keep_cap or None, "env": env or None,
         "clean_env": a.clean_env or None, "cwd": a.cwd, "no_coredump": a.no_coredump or None,
         "name": a.name, "allow_degraded": a.allow_degraded or None,
+        "workdir": a.workdir, "fs_storage": a.fs_storage, "max_disk": a.max_disk,
+        **({"on_exit": "abort", "on_error": "abort"} if a.dry_run else
+           {k: v for k, v in (("on_exit", a.on_exit), ("on_error", a.on_error)) if v}),
     }
 
 
@@ -255,6 +270,12 @@ def _run(a, net_run: bool = False) -> int:
     except SandlockError as e:
         print(f"sandlock: error: {e}", file=sys.stderr)
         return EXIT_SANDLOCK
+    if a.dry_run and proc.workspace is None:
+        proc.kill()
+        proc.close()
+        print("sandlock: error: --dry-run needs --workdir (or a policy's workspace)",
+              file=sys.stderr)
+        return EXIT_SANDLOCK
     if proc.exec_error:
         print(f"sandlock: {proc.exec_error}", file=sys.stderr)
     fg = _Foreground(proc.pid)
@@ -277,7 +298,24 @@ def _run(a, net_run: bool = False) -> int:
         proc.close()
     if net_run:
         _net_run_summary(sb)
+    if proc.workspace is not None:
+        _workspace_summary(proc.workspace, a.dry_run)
     return status
+
+
+def _workspace_summary(ws, dry_run: bool) -> None:
+    from .cow import table
+    if dry_run:
+        print(table(ws.changes))
+        print(f"sandlock: dry run: {ws.layer.lower} was left untouched", file=sys.stderr)
+    else:
+        done = {"commit": "applied to", "abort": "discarded, not applied to",
+                "keep": "kept for inspection, not applied to"}[ws.action.value]
+        where = f" (layer: {ws.layer.root})" if ws.action.value == "keep" else ""
+        print(f"sandlock: {len(ws.changes)} change(s) {done} {ws.layer.lower}{where}",
+              file=sys.stderr)
+    if ws.error:
+        print(f"sandlock: workspace: {ws.error}", file=sys.stderr)
 
 
 def _net_run_summary(sb) -> None:

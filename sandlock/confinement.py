@@ -91,6 +91,9 @@ def build(policy: Policy) -> Confinement:
             policy.tcp_by_landlock and not policy.udp and not policy.icmp):
         raise PolicyError("network rules naming hosts, addresses, UDP or ICMP need the "
                           "supervisor, which this kernel cannot run (see `sandlock check`)")
+    if policy.workspace is not None and not supervised:
+        raise PolicyError("workdir (copy-on-write) needs the supervisor, which this kernel "
+                          "cannot run (see `sandlock check`)")
     if policy.policy_fn is not None and not supervised:
         raise PolicyError("policy_fn needs the supervisor, which this kernel cannot run "
                           "(see `sandlock check`)")
@@ -98,7 +101,8 @@ def build(policy: Policy) -> Confinement:
                                         deny_inet=kf.landlock_abi < 4,
                                         net_supervised=policy.net_supervised,
                                         udp=policy.udp, icmp=policy.icmp,
-                                        runtime_events=policy.runtime_events)
+                                        runtime_events=policy.runtime_events,
+                                        cow=policy.workspace is not None)
     return Confinement(
         ruleset=_build_ruleset(policy, kf.landlock_abi),
         bpf_fd=_sealed_memfd("sandlock-bpf", bpf),

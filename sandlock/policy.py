@@ -78,6 +78,14 @@ class Policy:
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
     policy_fn_timeout: float = 2.0
     runtime_events: frozenset = frozenset()  # event kinds it sees; empty without policy_fn
+    workspace: object = None         # Workspace when there is a copy-on-write workdir
+
+
+@dataclass(frozen=True)
+class Workspace:
+    workdir: str                     # the real directory (lower), only read during the run
+    storage: str                     # where the run's upper layer is created
+    max_disk: int | None             # bytes the upper layer may hold
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -85,8 +93,6 @@ class Policy:
 _NOT_YET = {
     "net_deny_bind": "bind deny rules",
     "port_remap": "port remapping",
-    "workdir": "the copy-on-write workspace", "fs_storage": "the copy-on-write workspace",
-    "max_disk": "the copy-on-write workspace",
     "max_memory": "resource limits", "max_processes": "resource limits",
     "max_cpu": "resource limits", "cpu_cores": "resource limits", "num_cpus": "resource limits",
     "random_seed": "determinism controls", "time_start": "determinism controls",
@@ -335,12 +341,79 @@ def parse_http(fields: dict):
     return policy, frozenset(ports)
 
 
+def parse_size(value, field: str) -> int | None:
+    """512M, 2G, 1048576 -> bytes."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = str(value).strip().upper().removesuffix("B")
+    try:
+        if text and text[-1] in units:
+            n = float(text[:-1]) * units[text[-1]]
+        else:
+            n = int(text)
+    except ValueError:
+        n = 0
+    if isinstance(value, bool) or n <= 0:
+        raise PolicyError(f"{field}: expected a size such as 512M, 2G or a number of bytes, "
+                          f"got {value!r}")
+    return int(n)
+
+
+def parse_workspace(fields: dict, readable, writable, denied):
+    """The copy-on-write workdir: (Workspace | None, readable, denied)."""
+    from .fs_rules import is_beneath
+    workdir = fields.get("workdir")
+    if workdir is None:
+        for key in ("fs_storage", "max_disk"):
+            if fields.get(key) is not None:
+                raise PolicyError(f"{key}: set without a workdir")
+        return None, readable, denied
+    wd = os.path.realpath(os.fsdecode(workdir))
+    if not os.path.isdir(wd):
+        raise PolicyError(f"workdir: {workdir} is not a directory")
+    if wd == "/":
+        raise PolicyError("workdir: / cannot be a copy-on-write workdir")
+    for w in writable:
+        if is_beneath(wd, w):
+            raise PolicyError(f"workdir {wd} is inside the writable path {w}: writes there "
+                              f"would bypass the copy-on-write layer; grant narrower paths")
+        if is_beneath(w, wd):
+            raise PolicyError(f"fs_writable {w} is inside the workdir {wd}: the workdir is "
+                              f"already writable through its copy-on-write layer")
+    for d in denied:
+        if is_beneath(d, wd):
+            raise PolicyError(f"fs_denied {d} is inside the workdir {wd}: not supported with "
+                              f"a copy-on-write workdir; deny the workdir's parent instead")
+    max_disk = parse_size(fields.get("max_disk"), "max_disk")
+    from .cow import default_storage
+    storage = os.path.realpath(os.fsdecode(fields.get("fs_storage") or default_storage()))
+    if is_beneath(storage, wd) or is_beneath(wd, storage):
+        raise PolicyError(f"fs_storage {storage} and workdir {wd} must not contain each other")
+    try:  # it must exist now: the Landlock rules that keep it out of reach are built now
+        os.makedirs(storage, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise PolicyError(f"fs_storage: cannot create {storage}: {e.strerror}") from None
+    if not os.path.isdir(storage):
+        raise PolicyError(f"fs_storage: {storage} is not a directory")
+    # The workdir is readable (execve and chdir continue in the kernel); its layer's
+    # storage never is: the sandbox reaches its upper tree only through the supervisor.
+    if wd not in readable:
+        readable += (wd,)
+    if any(is_beneath(storage, g) for g in readable + writable) and storage not in denied:
+        denied += (storage,)
+    return Workspace(wd, storage, max_disk), readable, denied
+
+
 def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     """Validate the user's fields; `deny_syscalls` comes from sandlock.syscall_filter."""
     reject_unimplemented(fields)
     readable = _paths("fs_readable", fields.get("fs_readable"), must_exist=True)
     writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
     denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
+    workspace, readable, denied = parse_workspace(fields, readable, writable, denied)
     from .fs_rules import is_beneath
     http, http_ports = parse_http(fields)
     intercept = parse_intercept(fields, http)
@@ -419,4 +492,5 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         http_upgrades=frozenset(upgrades),
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,
+        workspace=workspace,
     )

@@ -14,6 +14,8 @@ current directory and `~` is expanded, as a shell would for the same paths on th
     audit: {file: audit.jsonl, allowed: false}
     process: {env: {K: V}, clean_env: false, cwd: ., timeout: 60}
     syscalls: {deny: [...], allow: [sysv_ipc]}
+    workspace: {workdir: ., storage: ~/.cache/sandlock/cow, max_disk: 1G,
+                on_exit: commit, on_error: abort}
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .errors import PolicyError
 STR, BOOL, NUM, STRLIST, PORTLIST, STRMAP = "string", "boolean", "number", "list of strings", \
     "list of ports", "mapping of strings"
 RULELIST = "list of HTTP rules (strings or mappings)"
+SIZE = "size (e.g. 512M, or a number of bytes)"
 
 # section -> key -> (type, Sandbox field or None for keys handled specially)
 SCHEMA = {
@@ -44,10 +47,14 @@ SCHEMA = {
     "audit": {"file": (STR, "audit_log"), "allowed": (BOOL, "audit_allowed")},
     "process": {"env": (STRMAP, "env"), "clean_env": (BOOL, "clean_env"),
                 "cwd": (STR, "cwd"), "timeout": (NUM, None)},
+    "workspace": {"workdir": (STR, "workdir"), "storage": (STR, "fs_storage"),
+                  "max_disk": (SIZE, "max_disk"), "on_exit": (STR, "on_exit"),
+                  "on_error": (STR, "on_error")},
     "syscalls": {"deny": (STRLIST, "extra_deny_syscalls"),
                  "allow": (STRLIST, "extra_allow_syscalls")},
 }
 PATH_FIELDS = {"fs_readable", "fs_writable", "fs_denied", "net_allow_unix", "cwd", "audit_log",
+               "workdir", "fs_storage",
                "http_ca", "http_key", "http_ca_out", "http_upstream_ca"}
 
 
@@ -73,6 +80,7 @@ def _scalar(node, kind, path, key):
         raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
     value = yaml.safe_load(yaml.serialize(node))
     ok = {STR: isinstance(value, str), BOOL: isinstance(value, bool),
+          SIZE: isinstance(value, (str, int)) and not isinstance(value, bool),
           NUM: isinstance(value, (int, float)) and not isinstance(value, bool)}[kind]
     if not ok:
         raise PolicyError(f"{_where(path, node, key)}: expected a {kind}, got {value!r}")
@@ -81,7 +89,7 @@ def _scalar(node, kind, path, key):
 
 def _value(node, kind, path, key):
     import yaml
-    if kind in (STR, BOOL, NUM):
+    if kind in (STR, BOOL, NUM, SIZE):
         return _scalar(node, kind, path, key)
     if kind in (STRLIST, PORTLIST):
         if not isinstance(node, yaml.SequenceNode):

@@ -26,6 +26,25 @@ class Result:
     denials: list = field(default_factory=list)
     flagged: list = field(default_factory=list)  # events a policy_fn flagged ("audit")
     stages: list = field(default_factory=list)  # a pipeline's per-stage Results
+    pending: bool = False     # DEFER: the workdir's changes wait for commit() or abort()
+    kept: str | None = None   # KEEP: where the copy-on-write layer was left
+    workspace: object = field(default=None, repr=False, compare=False)
+
+    def commit(self) -> None:
+        """Apply a deferred run's workdir changes (on_exit/on_error=BranchAction.DEFER)."""
+        self._deferred().commit()
+        self.pending = False
+
+    def abort(self) -> None:
+        """Discard a deferred run's workdir changes."""
+        self._deferred().abort()
+        self.pending = False
+
+    def _deferred(self):
+        if self.workspace is None:
+            from .errors import SandlockError
+            raise SandlockError("this run had no copy-on-write workdir")
+        return self.workspace
 
     def __repr__(self) -> str:
         return (f"Result(success={self.success}, exit_code={self.exit_code}, "

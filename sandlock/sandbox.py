@@ -144,6 +144,8 @@ class Sandbox:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         deny = syscall_filter.resolve_deny_list(self.extra_deny_syscalls,
                                                 self.extra_allow_syscalls)
+        _action(self.on_exit, "on_exit")
+        _action(self.on_error, "on_error")
         return build_policy(values, deny)
 
     @property
@@ -234,6 +236,7 @@ class Sandbox:
             runtime = Runtime(policy.policy_fn, policy.policy_fn_timeout,
                               policy.runtime_events, self._audit_log(), policy.name)
         session = Session(policy, policy.name, net, runtime)
+        workspace = _Workspace.start(policy, self.on_exit, self.on_error, session)
         parent_ends, child_fds, to_close = _stdio(stdin, stdout, stderr)
         try:
             if exe is None:
@@ -246,11 +249,13 @@ class Sandbox:
             for fd in parent_ends:
                 if fd >= 0:
                     os.close(fd)
+            if workspace is not None:
+                workspace.layer.discard()
             raise
         finally:
             for fd in to_close:
                 os.close(fd)
-        return Process(spawned, session, parent_ends)
+        return Process(spawned, session, parent_ends, workspace)
 
     def run(self, cmd: Sequence[str], timeout: float | None = None, *,
             input: bytes | None = None) -> Result:
@@ -347,7 +352,9 @@ class Process:
     """A running sandboxed process. The sandbox is its whole process group: when the main
     process ends, or on kill()/timeout, every process left in the group is killed too."""
 
-    def __init__(self, spawned: launch.Spawned, session: Session, parent_ends):
+    def __init__(self, spawned: launch.Spawned, session: Session, parent_ends,
+                 workspace: "_Workspace | None" = None):
+        self._workspace = workspace
         self.pid = spawned.pid
         self._pidfd = spawned.pidfd
         self._exec_error = spawned.exec_error
@@ -408,6 +415,9 @@ class Process:
                 self._status = status
                 if self._session.runtime is not None:
                     self._session.runtime.close()
+                if self._workspace is not None:
+                    self._workspace.finish(self._session, status[0] == ExitReason.EXITED
+                                           and status[1] == 0)
             return self._status
 
     def wait(self, timeout: float | None = None) -> int:
@@ -488,10 +498,23 @@ class Process:
         if self._status is None:
             self._signal_group(signal.SIGKILL)
         reason, code, sig = self._reap()
-        return Result(success=(reason == ExitReason.EXITED and code == 0),
-                      exit_code=code, stdout=bytes(out), stderr=bytes(err),
-                      error=self._error_text(reason), reason=reason, signal=sig,
-                      denials=list(self._session.denials), flagged=self.flagged)
+        result = Result(success=(reason == ExitReason.EXITED and code == 0),
+                        exit_code=code, stdout=bytes(out), stderr=bytes(err),
+                        error=self._error_text(reason), reason=reason, signal=sig,
+                        denials=list(self._session.denials), flagged=self.flagged)
+        if self._workspace is not None:
+            self._workspace.report(result)
+        return result
+
+    @property
+    def changes(self) -> list:
+        """What the run changed in its copy-on-write workdir (after it ended)."""
+        return list(self._workspace.changes) if self._workspace is not None else []
+
+    @property
+    def workspace(self) -> "_Workspace | None":
+        """The copy-on-write workspace of this run (outcome, commit(), abort())."""
+        return self._workspace
 
     @property
     def exec_error(self) -> str | None:
@@ -539,6 +562,104 @@ class Process:
         return list(rt.flagged) if rt is not None else []
 
 
+class _Workspace:
+    """A run's copy-on-write layer and what its outcome did with it."""
+
+    RELEASE_WAIT = 2.0  # seconds for the supervisor to see the last sandboxed task go
+
+    def __init__(self, layer, on_exit, on_error, max_disk):
+        self.layer = layer
+        self.on_exit, self.on_error = on_exit, on_error
+        self.max_disk = max_disk
+        self.changes: list = []
+        self.action: BranchAction | None = None
+        self.pending = False
+        self.error: str | None = None
+
+    @classmethod
+    def start(cls, policy: Policy, on_exit, on_error, session) -> "_Workspace | None":
+        ws = policy.workspace
+        if ws is None:
+            return None
+        from . import cow
+        try:
+            layer = cow.create(ws.workdir, ws.storage, policy.name)
+        except OSError as e:
+            raise SandlockError(f"fs_storage: cannot create the copy-on-write layer in "
+                                f"{ws.storage}: {e.strerror}") from None
+        session.cow = layer
+        session.cow_max_disk = ws.max_disk
+        return cls(layer, _action(on_exit, "on_exit"), _action(on_error, "on_error"),
+                   ws.max_disk)
+
+    def finish(self, session, success: bool) -> None:
+        """Apply on_exit or on_error once every sandboxed task is gone."""
+        session.released.wait(self.RELEASE_WAIT)
+        from . import cow
+        action = self.on_exit if success else self.on_error
+        try:
+            self.changes = cow.diff(self.layer)
+            if self.max_disk is not None and action == BranchAction.COMMIT:
+                used = self.layer.usage()
+                if used > self.max_disk:
+                    action = BranchAction.ABORT
+                    self.error = (f"the workspace used {used} bytes, over max_disk "
+                                  f"({self.max_disk}): changes discarded")
+            self._apply(action)
+        except Exception as e:  # never lose the layer on a failure: keep it for a retry
+            self.action = BranchAction.KEEP
+            self.error = f"copy-on-write {action.value} failed: {e}; layer kept in " \
+                         f"{self.layer.root}"
+
+    def _apply(self, action: BranchAction) -> None:
+        from . import cow
+        self.action = action
+        if action == BranchAction.COMMIT:
+            cow.commit(self.layer, self.changes)
+        elif action == BranchAction.ABORT:
+            self.layer.discard()
+        elif action == BranchAction.DEFER:
+            self.pending = True
+
+    def commit(self) -> None:
+        """Apply a deferred run's changes to the workdir."""
+        if not self.pending:
+            raise SandlockError("nothing to commit: the run's outcome was not DEFER, or it "
+                                "was already committed or aborted")
+        from . import cow
+        cow.commit(self.layer, self.changes)
+        self.pending = False
+        self.action = BranchAction.COMMIT
+
+    def abort(self) -> None:
+        """Discard a deferred run's changes."""
+        if not self.pending:
+            raise SandlockError("nothing to abort: the run's outcome was not DEFER, or it "
+                                "was already committed or aborted")
+        self.layer.discard()
+        self.pending = False
+        self.action = BranchAction.ABORT
+
+    def report(self, result: Result) -> None:
+        result.changes = list(self.changes)
+        result.pending = self.pending
+        result.workspace = self
+        if self.action == BranchAction.KEEP:
+            result.kept = self.layer.root
+        if self.error:
+            result.error = f"{result.error}; {self.error}" if result.error else self.error
+
+
+def _action(value, field_name: str) -> BranchAction:
+    if isinstance(value, BranchAction):
+        return value
+    try:
+        return BranchAction(str(value).lower())
+    except ValueError:
+        raise PolicyError(f"{field_name}: expected one of commit, abort, keep, defer, got "
+                          f"{value!r}") from None
+
+
 def select_poll(fd: int):
     import select
     p = select.poll()
@@ -566,9 +687,9 @@ def confine(sandbox: Sandbox) -> None:
             or policy.unix_allow:
         raise PolicyError("confine() applies the filesystem policy only; network rules need "
                           "the supervisor of Sandbox.run()/popen()")
-    if policy.policy_fn is not None:
-        raise PolicyError("confine() applies the filesystem policy only; policy_fn needs "
-                          "the supervisor of Sandbox.run()/popen()")
+    if policy.policy_fn is not None or policy.workspace is not None:
+        raise PolicyError("confine() applies the filesystem policy only; policy_fn and "
+                          "workdir need the supervisor of Sandbox.run()/popen()")
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise SandlockError(f"confine() needs a single-threaded process (this one has "

@@ -172,6 +172,16 @@ RUNTIME_SYSCALLS = {
 # Linux AIO completes reads into user memory after the call returned: it could rewrite an
 # argv the supervisor is inspecting under a freeze. Refused to sandboxes with a policy_fn.
 RUNTIME_DENY = ("io_setup", "io_submit")
+# Path calls a copy-on-write workdir serves (sandlock.supervisor.cow_calls), and the calls
+# that must find in the real tree what the sandbox sees (execve, chdir).
+COW_SYSCALLS = (
+    "open", "creat", "openat", "openat2", "stat", "lstat", "newfstatat", "statx",
+    "access", "faccessat", "faccessat2", "readlink", "readlinkat",
+    "getxattr", "lgetxattr", "listxattr", "llistxattr", "getcwd", "chdir",
+    "mkdir", "mkdirat", "mknod", "mknodat", "symlink", "symlinkat",
+    "unlink", "unlinkat", "rmdir", "rename", "renameat", "renameat2",
+    "link", "linkat", "truncate", "execve", "execveat",
+)
 
 
 def clone_refusal(flags: int, runtime: bool) -> str | None:
@@ -193,7 +203,7 @@ def clone_refusal(flags: int, runtime: bool) -> str | None:
 def compile_filter(deny: frozenset[str], supervised: bool = True,
                    deny_inet: bool = False, net_supervised: bool = False,
                    udp: bool = False, icmp: bool = False,
-                   runtime_events: frozenset = frozenset()) -> bytes:
+                   runtime_events: frozenset = frozenset(), cow: bool = False) -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -202,9 +212,9 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     every send that can carry a destination to the supervisor; udp / icmp allow creating
     UDP and ICMP-ping sockets (their destinations are then the supervisor's to decide).
     runtime_events (a policy_fn's event kinds) sends the calls it observes to the
-    supervisor.
+    supervisor; cow sends the path calls a copy-on-write workdir serves.
     """
-    key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events)
+    key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -212,7 +222,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 
 
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
-             udp: bool, icmp: bool, runtime_events: frozenset) -> bytes:
+             udp: bool, icmp: bool, runtime_events: frozenset, cow: bool) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -229,7 +239,8 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
         # the program must stay a child subreaper (orphans stay in its tree): freeze.py.
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_PARENT, _CLONE_PARENT))
         f.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _LOW32, _PR_SET_CHILD_SUBREAPER))
-    observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]})
+    observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]}
+                      | (set(COW_SYSCALLS) if cow else set()))
     for name in observed:  # only reachable with the supervisor (build() checks)
         f.add_rule(sc.NOTIFY, syscall_number(name))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")

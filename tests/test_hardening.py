@@ -185,7 +185,7 @@ def test_root_sandbox_never_reads_shadow_through_the_api():
 def test_confine_refuses_network_rules():
     with pytest.raises(PolicyError, match="filesystem policy only"):
         confine(Sandbox(fs_readable=["/usr"], net_allow=["10.0.0.1:80"]))
-    with pytest.raises(PolicyError, match="policy_fn needs the supervisor"):
+    with pytest.raises(PolicyError, match="policy_fn and workdir need the supervisor"):
         confine(Sandbox(fs_readable=["/usr"], policy_fn=lambda e, c: None))
 
 

@@ -6,15 +6,27 @@ of these argument forms (a NULL path for utimensat) before reaching the kernel.
 """
 
 import ctypes
+import os
 
 from .syscall import NR_FCHMODAT2, syscall
 
 NR_FCHOWNAT = 260
 NR_UTIMENSAT = 280
+NR_RENAMEAT2 = 316
+NR_OPENAT2 = 437
 
 AT_FDCWD = -100
 AT_SYMLINK_NOFOLLOW = 0x100
 AT_EMPTY_PATH = 0x1000
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
 
 
 def fchmod_fd(fd: int, mode: int, nofollow: bool = False) -> None:
@@ -41,3 +53,19 @@ def utimens_fd(fd: int, times: bytes | None, empty_path: bool) -> None:
         syscall(NR_UTIMENSAT, fd, b"", buf, AT_EMPTY_PATH)
     else:
         syscall(NR_UTIMENSAT, fd, None, buf, 0)
+
+
+def open_no_symlinks(path: str, flags: int, mode: int = 0) -> int:
+    """open(2) of an absolute path that must contain no symlink at all (openat2 with
+    RESOLVE_NO_SYMLINKS): a path resolved and checked component by component is opened
+    only if nothing on the way was swapped for a link since (ELOOP otherwise)."""
+    how = _OpenHow(flags, mode if flags & (0o100 | 0o20000000) else 0,
+                   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    return syscall(NR_OPENAT2, AT_FDCWD, os.fsencode(path), ctypes.byref(how),
+                   ctypes.c_size_t(ctypes.sizeof(how)))
+
+
+def renameat2(src: str, dst: str, flags: int) -> None:
+    """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE (absolute paths)."""
+    syscall(NR_RENAMEAT2, AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst),
+            ctypes.c_uint(flags))

@@ -21,6 +21,8 @@ USER_NOTIF_FLAG_CONTINUE = 1
 IOCTL_NOTIF_RECV = 0xC0502100
 IOCTL_NOTIF_SEND = 0xC0182101
 IOCTL_NOTIF_ID_VALID = 0x40082102
+IOCTL_NOTIF_ADDFD = 0x40182103  # _IOW('!', 3, struct seccomp_notif_addfd)
+ADDFD_FLAG_SEND = 2  # install the fd and answer the notification with its number, atomically
 
 
 class SeccompData(ctypes.Structure):
@@ -38,6 +40,12 @@ class NotifResp(ctypes.Structure):
                 ("flags", ctypes.c_uint32)]
 
 
+class NotifAddfd(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("flags", ctypes.c_uint32), ("srcfd", ctypes.c_uint32),
+                ("newfd", ctypes.c_uint32), ("newfd_flags", ctypes.c_uint32)]
+
+
+assert ctypes.sizeof(NotifAddfd) == 24
 assert ctypes.sizeof(Notif) == 80 and ctypes.sizeof(NotifResp) == 24
 
 _ioctl = libc.ioctl
@@ -84,3 +92,17 @@ def notif_id_valid(listener: int, notif_id: int) -> bool:
     """True while the notifying task still waits on `notif_id` (guards against pid reuse)."""
     value = ctypes.c_uint64(notif_id)
     return _ioctl(listener, IOCTL_NOTIF_ID_VALID, ctypes.byref(value)) == 0
+
+
+def notif_addfd_send(listener: int, notif_id: int, srcfd: int, cloexec: bool) -> bool:
+    """Install a copy of our `srcfd` in the notifying process and answer the call with its
+    number (SECCOMP_ADDFD_FLAG_SEND: one step, so the child never sees an fd it was not
+    answered with). False when the target is gone."""
+    req = NotifAddfd(notif_id, ADDFD_FLAG_SEND, srcfd, 0, os.O_CLOEXEC if cloexec else 0)
+    try:
+        _ioctl_checked(listener, IOCTL_NOTIF_ADDFD, ctypes.byref(req))
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ESRCH):
+            return False
+        raise

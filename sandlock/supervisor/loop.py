@@ -26,9 +26,9 @@ import threading
 import time
 
 from .._kernel import caps, seccomp
-from . import connect, execve, lifecycle, metadata, opens, send
+from . import connect, cow_calls, execve, lifecycle, metadata, opens, send
 from .freeze import Freeze, FreezeError
-from .network import CONTINUE, Defer, Frozen
+from .network import CONTINUE, Defer, Frozen, Inject
 from .request import Denied, Request, thread_group
 
 
@@ -39,7 +39,52 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
                      lifecycle.HANDLERS, opens.HANDLERS):
         for name, handler in handlers.items():
             table[syscall_number(name)] = (name, handler)
+    for name, handler in cow_calls.HANDLERS.items():
+        nr = syscall_number(name)
+        table[nr] = (name, _with_workspace(handler, table.get(nr, (name, None))[1]))
+    for name in ("execve", "execveat"):
+        nr = syscall_number(name)
+        table[nr] = (name, _exec_in_workspace(name, table[nr][1]))
     return table
+
+
+def _with_workspace(cow_handler, other):
+    """A call the copy-on-write layer serves in a sandbox with a workdir; otherwise the
+    handler it has without one (a policy_fn's opens), if any. A policy_fn's file event is
+    decided before the layer acts."""
+    def handler(req, session):
+        if session.cow is None:
+            if other is None:
+                raise Denied(errno.ENOSYS, "no handler for this syscall")
+            return other(req, session)
+        if other is None or session.runtime is None:
+            return cow_handler(req, session)
+        name = _name_of(req)
+        opens.decide_event(req, session, name)
+        result = cow_handler(req, session)  # checks the callback's denied paths itself
+        if result is CONTINUE and session.runtime.denied_paths:
+            return opens.PATH_ONLY[name](req, session)
+        return result
+    return handler
+
+
+def _name_of(req) -> str:
+    from ..syscall_filter import syscall_number
+    for name in ("open", "openat", "openat2", "creat"):
+        if syscall_number(name) == req.nr:
+            return name
+    raise Denied(errno.ENOSYS, "not an open")
+
+
+def _exec_in_workspace(name, other):
+    def handler(req, session):
+        if session.cow is not None:
+            if name == "execve":
+                cow_calls.execve_check(req, session, -100, 0, 0)
+            else:
+                cow_calls.execve_check(req, session, req.arg_int(0), 1, req.arg_int(4))
+        return other(req, session) if session.runtime is not None else CONTINUE
+    return handler
 
 
 PENDING_CHECK = 0.2  # seconds between checks for deferred calls whose caller is gone
@@ -49,6 +94,8 @@ FREEZE_LIMIT = 1.0   # seconds to freeze a sandbox, and again for a released cal
 # Calls a policy_fn may hold: with one, their handlers run on a worker from the start.
 HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", "execveat",
                   "open", "openat", "openat2", "creat"})
+# (Handlers of the copy-on-write workdir, supervisor.cow_calls, run on this thread: the
+# layer's lock orders them with the ones a policy_fn makes run on workers.)
 
 
 class Session:
@@ -61,6 +108,8 @@ class Session:
         self.name = name
         self.net = net  # NetState when the network handlers are in use
         self.runtime = runtime  # supervisor.runtime.Runtime when there is a policy_fn
+        self.cow = None         # sandlock.cow.CowLayer when there is a copy-on-write workdir
+        self.cow_max_disk = None
         self.denials: list[dict] = []
         self.denied_count = 0
         self.deferred = 0  # on-behalf calls in progress on worker threads
@@ -365,6 +414,19 @@ class Supervisor:
 
     def _send(self, req, session, result, exempt: bool = False) -> None:
         req.close()
+        if isinstance(result, Inject):
+            def send_fd():
+                try:
+                    seccomp.notif_addfd_send(req.listener, req.id, result.fd, result.cloexec)
+                except OSError as e:  # e.g. EMFILE in the child: the call fails with it
+                    try:
+                        seccomp.notif_send(req.listener, req.id, 0, -(e.errno or errno.EPERM))
+                    except OSError:
+                        pass
+                finally:
+                    os.close(result.fd)
+            session.respond(req.id, send_fd, exempt)
+            return
         if result is CONTINUE:
             val, err, flags = 0, 0, seccomp.USER_NOTIF_FLAG_CONTINUE
         elif isinstance(result, tuple):

@@ -35,14 +35,23 @@ def _check(fd: int, session) -> None:
     if not path.startswith("/") or path.endswith(" (deleted)"):
         raise Denied(errno.EPERM, f"target has no path under fs_writable ({path})")
     policy = session.policy
+    if session.cow is not None and is_beneath(path, session.cow.upper):
+        return  # the sandbox's private copy in its copy-on-write layer
     if any(is_beneath(path, d) for d in policy.fs_denied):
         raise Denied(errno.EPERM, f"{path} is in fs_denied")
     if not any(is_beneath(path, w) for w in policy.fs_writable):
         raise Denied(errno.EPERM, f"{path} is outside fs_writable")
 
 
-def _path_target(req: Request, dirfd: int, path_arg: int, at_flags: int, follow: bool) -> int:
-    return req.open_target(dirfd, req.read_path(path_arg), at_flags, follow)
+def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int,
+                 follow: bool) -> int:
+    path = req.read_path(path_arg)
+    if session.cow is not None:  # a copy-on-write workdir: the upper copy is changed
+        from .cow_calls import metadata_target
+        fd = metadata_target(req, session, dirfd, path, follow)
+        if fd is not None:
+            return fd
+    return req.open_target(dirfd, path, at_flags, follow)
 
 
 def _run(req: Request, session, fd: int, act) -> int:
@@ -81,19 +90,19 @@ def _mode(fd: int, mode: int) -> int:
 
 
 def chmod(req, session):
-    fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=True)
+    fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=True)
     return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, _mode(t, req.args[1])))
 
 
 def fchmodat(req, session):
-    fd = _path_target(req, req.arg_int(0), 1, 0, follow=True)
+    fd = _path_target(req, session, req.arg_int(0), 1, 0, follow=True)
     return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, _mode(t, req.args[2])))
 
 
 def fchmodat2(req, session):
     flags = _at_flags(req, 3, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
     nofollow = flags & AT_SYMLINK_NOFOLLOW
-    fd = _path_target(req, req.arg_int(0), 1, flags, follow=not nofollow)
+    fd = _path_target(req, session, req.arg_int(0), 1, flags, follow=not nofollow)
     return _run(req, session, fd,
                 lambda t: fileops.fchmod_fd(t, _mode(t, req.args[2]), nofollow))
 
@@ -107,7 +116,7 @@ def fchmod(req, session):
 
 def _chown_path(follow):
     def handler(req, session):
-        fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=follow)
+        fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=follow)
         return _run(req, session, fd,
                     lambda t: fileops.fchown_fd(t, req.args[1], req.args[2]))
     return handler
@@ -119,7 +128,7 @@ lchown = _chown_path(follow=False)
 
 def fchownat(req, session):
     flags = _at_flags(req, 4, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
-    fd = _path_target(req, req.arg_int(0), 1, flags, follow=not flags & AT_SYMLINK_NOFOLLOW)
+    fd = _path_target(req, session, req.arg_int(0), 1, flags, follow=not flags & AT_SYMLINK_NOFOLLOW)
     return _run(req, session, fd, lambda t: fileops.fchown_fd(t, req.args[2], req.args[3]))
 
 
@@ -143,7 +152,7 @@ def utime(req, session):
     if req.args[1]:
         a, m = struct.unpack("<qq", req.read_bytes(req.args[1], 16))
         times = struct.pack("<qqqq", a, 0, m, 0)
-    fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=True)
+    fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=True)
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -155,7 +164,7 @@ def _timeval_times(req, i):
 
 def utimes(req, session):
     times = _timeval_times(req, 1)
-    fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=True)
+    fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=True)
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -164,7 +173,7 @@ def futimesat(req, session):
     if not req.args[1]:  # NULL path: acts on dirfd itself
         fd = req.dup_fd(req.arg_int(0))
         return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, False))
-    fd = _path_target(req, req.arg_int(0), 1, 0, follow=True)
+    fd = _path_target(req, session, req.arg_int(0), 1, 0, follow=True)
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -174,7 +183,7 @@ def utimensat(req, session):
     if not req.args[1]:  # futimens(): the fd itself, EBADF for O_PATH as in the kernel
         fd = req.dup_fd(req.arg_int(0))
         return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, False))
-    fd = _path_target(req, req.arg_int(0), 1, flags, follow=not flags & AT_SYMLINK_NOFOLLOW)
+    fd = _path_target(req, session, req.arg_int(0), 1, flags, follow=not flags & AT_SYMLINK_NOFOLLOW)
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -184,6 +193,8 @@ def _xattr_name(req, i) -> bytes:
     name = req.read_path(i)
     if not name or len(name) > XATTR_NAME_MAX:
         raise Denied(errno.ERANGE, "bad xattr name")
+    if name.startswith(b"user.sandlock."):
+        raise Denied(errno.EPERM, "user.sandlock.* xattrs belong to the copy-on-write layer")
     return name
 
 
@@ -214,7 +225,7 @@ def _setxattr_path(follow):
         name = _xattr_name(req, 1)
         value = _xattr_value(req, req.args[2], req.args[3])
         flags = req.arg_int(4)
-        fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=follow)
+        fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=follow)
         return _run(req, session, fd, _set_on_opath(name, value, flags))
     return handler
 
@@ -238,7 +249,7 @@ def setxattrat(req, session):
         raise Denied(errno.EINVAL, "short struct xattr_args")
     value_ptr, size, flags = struct.unpack("<QII", req.read_bytes(req.args[4], 16))
     value = _xattr_value(req, value_ptr, size)
-    fd = _path_target(req, req.arg_int(0), 1, at_flags,
+    fd = _path_target(req, session, req.arg_int(0), 1, at_flags,
                       follow=not at_flags & AT_SYMLINK_NOFOLLOW)
     return _run(req, session, fd, _set_on_opath(name, value, flags))
 
@@ -246,7 +257,7 @@ def setxattrat(req, session):
 def _removexattr_path(follow):
     def handler(req, session):
         name = _xattr_name(req, 1)
-        fd = _path_target(req, fileops.AT_FDCWD, 0, 0, follow=follow)
+        fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=follow)
         return _run(req, session, fd, _remove_on_opath(name))
     return handler
 
@@ -264,7 +275,7 @@ def fremovexattr(req, session):
 def removexattrat(req, session):
     at_flags = _at_flags(req, 2, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
     name = _xattr_name(req, 3)
-    fd = _path_target(req, req.arg_int(0), 1, at_flags,
+    fd = _path_target(req, session, req.arg_int(0), 1, at_flags,
                       follow=not at_flags & AT_SYMLINK_NOFOLLOW)
     return _run(req, session, fd, _remove_on_opath(name))
 

@@ -52,6 +52,15 @@ class Frozen:
         self.body = body
 
 
+class Inject:
+    """Handler result: install our `fd` in the caller and answer with its number
+    (SECCOMP_IOCTL_NOTIF_ADDFD); the supervisor closes its copy once sent."""
+
+    def __init__(self, fd: int, cloexec: bool):
+        self.fd = fd
+        self.cloexec = cloexec
+
+
 class Guard:
     """The fds an on-behalf call uses: our duplicate socket first, then any others.
 

@@ -29,7 +29,7 @@ def _resolve(req: Request, tgid: int, dirfd: int, path: bytes, flags: int) -> st
 
 
 def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_of,
-            check_path: bool):
+            check_path: bool, with_event: bool = True):
     from .runtime import SyscallEvent
     rt = session.runtime
     tgid, ppid = req.process_ids()
@@ -45,14 +45,15 @@ def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_o
             raise Denied(errno.EACCES, refusal)
         if not req.still_valid():
             raise Denied(errno.ESRCH, "the calling task is gone")
-    if "file" in rt.events:
+    if with_event and "file" in rt.events:
         verdict = rt.decide(event)
         if not verdict.allow:
             raise Denied(verdict.errno, verdict.reason)
     return CONTINUE
 
 
-def _handler(name: str, dirfd_arg: int | None, path_arg: int, flags_arg: int | None):
+def _handler(name: str, dirfd_arg: int | None, path_arg: int, flags_arg: int | None,
+             with_event: bool = True):
     def handler(req: Request, session):
         dirfd = AT_FDCWD if dirfd_arg is None else req.arg_int(dirfd_arg)
 
@@ -62,9 +63,21 @@ def _handler(name: str, dirfd_arg: int | None, path_arg: int, flags_arg: int | N
             return os.O_CREAT if flags_arg is None else req.arg_int(flags_arg)
         if session.runtime.denied_paths:
             return Frozen(lambda: _decide(req, session, name, dirfd, path_arg, flags_of,
-                                          True))
-        return _decide(req, session, name, dirfd, path_arg, flags_of, False)
+                                          True, with_event))
+        return _decide(req, session, name, dirfd, path_arg, flags_of, False, with_event)
     return handler
+
+
+def decide_event(req: Request, session, name: str) -> None:
+    """The callback's verdict on an open (category only), before a copy-on-write workdir
+    acts on it (supervisor.cow_calls); raises Denied."""
+    rt = session.runtime
+    if "file" in rt.events:
+        from .runtime import SyscallEvent
+        tgid, ppid = req.process_ids()
+        verdict = rt.decide(SyscallEvent(name, "file", tgid, ppid))
+        if not verdict.allow:
+            raise Denied(verdict.errno, verdict.reason)
 
 
 def _openat2_flags(req: Request) -> int:
@@ -81,4 +94,13 @@ HANDLERS = {
     "creat": _handler("creat", None, 0, None),
     "openat": _handler("openat", 0, 1, 2),
     "openat2": _handler("openat2", 0, 1, None),
+}
+
+# An open spelled outside a copy-on-write workdir, whose event was already decided: only
+# the callback's denied paths remain to check (under the freeze).
+PATH_ONLY = {
+    "open": _handler("open", None, 0, 1, False),
+    "creat": _handler("creat", None, 0, None, False),
+    "openat": _handler("openat", 0, 1, 2, False),
+    "openat2": _handler("openat2", 0, 1, None, False),
 }

@@ -1,0 +1,40 @@
+"""The copy-on-write workspace: a sandbox writes to a private layer over its workdir, and
+the run's outcome decides what happens to the layer (commit, abort, keep, defer).
+
+- layer.py    the upper tree and how a sandbox path resolves in it
+- changes.py  what the layer changed, compared with the workdir
+- commit.py   applying the layer to the workdir, crash-safely
+
+The syscalls that reach the layer are handled in sandlock.supervisor.cow_calls.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+from .changes import Change, diff, table
+from .commit import commit, interrupted
+from .layer import DISCARDING, CowLayer, remove_tree
+
+__all__ = ["Change", "CowLayer", "commit", "create", "diff", "interrupted", "table",
+           "default_storage"]
+
+
+def default_storage() -> str:
+    """Where upper layers live unless fs_storage says otherwise."""
+    env = os.environ.get("SANDLOCK_COW_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sandlock", "cow")
+
+
+def create(workdir: str, storage: str, name: str | None) -> CowLayer:
+    os.makedirs(storage, mode=0o700, exist_ok=True)
+    for entry in os.listdir(storage):  # remains of removals that were interrupted
+        if entry.endswith(DISCARDING):
+            remove_tree(os.path.join(storage, entry))
+    label = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in (name or "sandbox"))
+    root = os.path.join(storage, f"{label[:40]}-{os.getpid()}-{secrets.token_hex(4)}")
+    return CowLayer(workdir, root)

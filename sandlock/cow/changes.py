@@ -1,0 +1,161 @@
+"""What a copy-on-write run changed: the upper tree compared with the workdir.
+
+Pure reading: nothing here writes the workdir. A pending directory whose origin is its own
+path was never looked into, so nothing beneath it changed; everything else is compared
+entry by entry (kind, mode, size, SHA-256 of the content, symlink target).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+
+from .layer import ORIGIN, PENDING, CowLayer, _safe_rel, _xattr
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str            # "file", "dir", "symlink", "fifo", "socket", "other"
+    mode: int            # permission bits
+    size: int
+    digest: str = ""     # sha256 of a file's content; a symlink's target
+    source: str = field(default="", repr=False, compare=False)  # real path of the content
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str            # relative to the workdir
+    action: str          # "added", "modified", "deleted"
+    before: Entry | None
+    after: Entry | None
+
+    def describe(self) -> str:
+        def side(e):
+            if e is None:
+                return "-"
+            text = f"{e.kind} {e.mode:04o}"
+            if e.kind == "file":
+                text += f" {e.size}B {e.digest[:12]}"
+            elif e.kind == "symlink":
+                text += f" -> {e.digest}"
+            return text
+        return f"{self.action:<9} {self.path:<40} {side(self.before)}  =>  {side(self.after)}"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "other"
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def entry(path: str, content_from: str | None = None) -> Entry:
+    """The entry at `path`; a placeholder passes its origin as `content_from`."""
+    real = content_from or path
+    st = os.lstat(real)
+    kind = _kind(st.st_mode)
+    digest = ""
+    if kind == "file":
+        digest = sha256_file(real)
+    elif kind == "symlink":
+        digest = os.readlink(real)
+    return Entry(kind, stat.S_IMODE(st.st_mode), st.st_size if kind == "file" else 0, digest,
+                 real)
+
+
+def _upper_entry(layer: CowLayer, upath: str) -> Entry:
+    origin = layer.placeholder_origin(upath)
+    if origin is not None:
+        return entry(upath, os.path.join(layer.lower, origin))
+    return entry(upath)
+
+
+def _names(path: str) -> list[str]:
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return os.listdir(path)
+    except FileNotFoundError:
+        pass
+    return []
+
+
+def _all_below(root: str, rel: str, action: str, out: list, layer: CowLayer | None) -> None:
+    """Every entry beneath `root` (a lower or an upper directory) as added or deleted."""
+    if layer is not None:
+        layer._materialize(root)
+    for name in sorted(os.listdir(root)):
+        path, r = os.path.join(root, name), f"{rel}/{name}"
+        e = _upper_entry(layer, path) if layer is not None else entry(path)
+        out.append(Change(r, action, None if action == "added" else e,
+                          e if action == "added" else None))
+        if e.kind == "dir":
+            _all_below(path, r, action, out, layer)
+
+
+def diff(layer: CowLayer) -> list[Change]:
+    out: list[Change] = []
+    with layer.lock:
+        _compare(layer, layer.upper, "", out)
+    return sorted(out, key=lambda c: c.path)
+
+
+def _compare(layer: CowLayer, udir: str, rel: str, out: list) -> None:
+    if _xattr(udir, PENDING) is not None:
+        origin = _safe_rel(_xattr(udir, ORIGIN) or ".")
+        if origin == (rel or "."):
+            return  # never looked into: unchanged beneath
+        layer._materialize(udir)
+    ldir = os.path.join(layer.lower, rel) if rel else layer.lower
+    upper_names, lower_names = set(os.listdir(udir)), set(_names(ldir))
+    for name in sorted(upper_names | lower_names):
+        r = f"{rel}/{name}" if rel else name
+        upath, lpath = os.path.join(udir, name), os.path.join(ldir, name)
+        before = entry(lpath) if name in lower_names else None
+        if name not in upper_names:
+            out.append(Change(r, "deleted", before, None))
+            if before.kind == "dir":
+                _all_below(lpath, r, "deleted", out, None)
+            continue
+        if layer.placeholder_origin(upath) == r and before is not None:
+            continue  # the lower file itself, untouched
+        after = _upper_entry(layer, upath)
+        if before is None:
+            out.append(Change(r, "added", None, after))
+            if after.kind == "dir":
+                _all_below(upath, r, "added", out, layer)
+            continue
+        if before.kind == "dir" and after.kind == "dir":
+            if before.mode != after.mode:
+                out.append(Change(r, "modified", before, after))
+            _compare(layer, upath, r, out)
+            continue
+        if before == after:
+            continue
+        out.append(Change(r, "modified", before, after))
+        if before.kind == "dir":
+            _all_below(lpath, r, "deleted", out, None)
+        if after.kind == "dir":
+            _all_below(upath, r, "added", out, layer)
+
+
+def table(changes: list[Change]) -> str:
+    """A readable table of changes (sandlock run --dry-run)."""
+    if not changes:
+        return "no changes"
+    counts = {a: sum(1 for c in changes if c.action == a) for a in ("added", "modified",
+                                                                     "deleted")}
+    lines = [c.describe() for c in changes]
+    lines.append(f"{len(changes)} changes: {counts['added']} added, {counts['modified']} "
+                 f"modified, {counts['deleted']} deleted")
+    return "\n".join(lines)

@@ -1,0 +1,468 @@
+"""The copy-on-write workspace: real programs in real sandboxes write to a private layer
+over their workdir; the run's outcome commits, discards, keeps or defers the layer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from sandlock import BranchAction, PolicyError
+from sandlock.cow import CowLayer, commit, interrupted
+
+from conftest import PY, run_py, sandbox
+
+HELPERS = os.path.join(os.path.dirname(__file__), "helpers")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def snapshot(root, mtimes: bool = True) -> dict:
+    """Every entry under root: kind, mode, content digest or link target (and the mtimes
+    of files, which commit preserves)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, root)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(p))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+            else:
+                with open(p, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                out[rel] = ("file", stat.S_IMODE(st.st_mode), digest) + (
+                    (st.st_mtime_ns,) if mtimes else ())
+    return out
+
+
+def make_tree(root):
+    os.makedirs(os.path.join(root, "notes"))
+    os.makedirs(os.path.join(root, "data"))
+    os.makedirs(os.path.join(root, "lib"))
+    files = {"readme.txt": "hello\n", "notes/todo.txt": "todo\n", "data/old.csv": "a,b\n",
+             "data/keep.csv": "c,d\n", "lib/mod.py": "x = 1\n",
+             "script.sh": "#!/bin/sh\necho hi\n",
+             "big.txt": "".join(f"{i}\n" for i in range(1, 1001))}
+    for rel, text in files.items():
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(text)
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for n in filenames:
+            os.chmod(os.path.join(dirpath, n), 0o644)
+
+
+def cow_box(workdir, storage, **kw):
+    kw.setdefault("fs_readable", [HELPERS])
+    return sandbox(workdir=str(workdir), fs_storage=str(storage), cwd=str(workdir), **kw)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    src = tmp_path / "src"
+    make_tree(str(src))
+    return src
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def run_ops_outside(src, tmp_path):
+    out = _copy(src, tmp_path / "outside")
+    proc = subprocess.run([PY, os.path.join(HELPERS, "fs_ops.py")], cwd=out,
+                          capture_output=True, check=True)
+    return out, proc.stdout
+
+
+# --- behaves as a real filesystem --------------------------------------------------------------
+
+def test_every_operation_behaves_as_on_the_real_filesystem_and_commit_gives_that_tree(
+        tree, tmp_path):
+    outside, expected = run_ops_outside(tree, tmp_path)
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store").run([PY, os.path.join(HELPERS, "fs_ops.py")],
+                                              timeout=60)
+    assert r.success, (r.stderr.decode()[-2000:], r.denials)
+    assert r.stdout.decode() == expected.decode()
+    assert snapshot(work, mtimes=False) == snapshot(outside, mtimes=False)
+    assert os.stat(work / "readme.txt").st_mtime == 1_000_000_000  # utime, committed
+    assert os.stat(work / "data/hard.csv").st_ino == os.stat(work / "data/renamed.csv").st_ino
+    assert os.listdir(tmp_path / "store") == []  # the layer is gone after the commit
+    paths = {c.path: c.action for c in r.changes}
+    assert paths["data/old.csv"] == "deleted" and paths["new.txt"] == "added"
+    assert paths["readme.txt"] == "modified" and paths["lib2/mod.py"] == "added"
+    assert "notes" not in paths  # untouched directory: no record
+
+
+def test_abort_leaves_the_workdir_byte_identical(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    before = snapshot(work)
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        [PY, os.path.join(HELPERS, "fs_ops.py")], timeout=60)
+    assert r.success, r.stderr.decode()[-2000:]
+    assert len(r.changes) > 10  # it did change its view...
+    assert snapshot(work) == before  # ...and none of it reached the workdir
+    assert os.listdir(tmp_path / "store") == []
+
+
+def test_a_failing_run_is_discarded_by_default(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    before = snapshot(work)
+    r = cow_box(work, tmp_path / "store").run(
+        ["sh", "-c", "echo changed > readme.txt; rm data/old.csv; exit 3"])
+    assert r.exit_code == 3
+    assert {c.path for c in r.changes} == {"readme.txt", "data/old.csv"}
+    assert snapshot(work) == before
+
+
+def test_keep_leaves_the_layer_and_it_can_be_committed_later(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    before = snapshot(work)
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.KEEP).run(
+        ["sh", "-c", "echo kept > readme.txt && mkdir out && echo 1 > out/a"])
+    assert r.success and r.kept and os.path.isdir(r.kept)
+    assert snapshot(work) == before
+    assert open(os.path.join(r.kept, "upper", "readme.txt")).read() == "kept\n"
+    commit(CowLayer.open(r.kept))
+    assert open(work / "readme.txt").read() == "kept\n"
+    assert open(work / "out" / "a").read() == "1\n"
+    assert not os.path.exists(r.kept)
+
+
+def test_defer_waits_for_commit_or_abort(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    before = snapshot(work)
+    sb = cow_box(work, tmp_path / "store", on_exit=BranchAction.DEFER)
+    r = sb.run(["sh", "-c", "echo deferred > readme.txt"])
+    assert r.pending and snapshot(work) == before
+    r.commit()
+    assert not r.pending and open(work / "readme.txt").read() == "deferred\n"
+    r2 = sb.run(["sh", "-c", "echo again > readme.txt"])
+    assert r2.pending
+    r2.abort()
+    assert open(work / "readme.txt").read() == "deferred\n"
+    assert os.listdir(tmp_path / "store") == []
+    with pytest.raises(Exception, match="nothing to commit"):
+        r2.commit()
+
+
+def test_untouched_files_are_read_from_the_workdir_and_listings_merge(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", "touch notes/new && ls notes && cat notes/todo.txt && ls -a lib"])
+    assert r.success, r.stderr
+    assert r.stdout.decode().split() == ["new", "todo.txt", "todo", ".", "..", "mod.py"]
+
+
+# --- the fence: nothing reaches the workdir, nothing outside the policy is reached -----------
+
+def test_writes_cannot_reach_the_workdir_through_a_path_outside_it(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    os.chmod(scratch, 0o777)
+    os.symlink(work, scratch / "into-work")
+    before = snapshot(work)
+    r = cow_box(work, tmp_path / "store", fs_writable=[str(scratch)]).run(
+        ["sh", "-c", f"echo pwned > {scratch}/into-work/readme.txt; echo rc=$?; "
+                     f"echo fine > {scratch}/ok; echo rc=$?"])
+    out = r.stdout.decode()
+    assert out.splitlines()[0] != "rc=0" and out.splitlines()[1] == "rc=0"  # control: ok
+    assert snapshot(work) == before
+    assert open(scratch / "ok").read() == "fine\n"
+
+
+def test_a_symlink_in_the_workdir_does_not_extend_the_policy(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET\n")
+    public = tmp_path / "public"
+    public.mkdir()
+    (public / "ok.txt").write_text("public\n")
+    os.symlink(secret, work / "to-secret")
+    os.symlink(public / "ok.txt", work / "to-public")
+    r = cow_box(work, tmp_path / "store", fs_readable=[str(public), HELPERS]).run(
+        ["sh", "-c", "cat to-public; cat to-secret; echo rc=$?; echo x >> to-public; "
+                     "echo rc=$?"])
+    out = r.stdout.decode()
+    assert out.startswith("public\n") and "TOPSECRET" not in out
+    assert out.splitlines()[1] == "rc=1"  # reading the secret failed
+    assert out.splitlines()[-1] != "rc=0"  # public is readable, not writable
+    assert (public / "ok.txt").read_text() == "public\n"
+    assert any("not readable by the policy" in d["reason"] for d in r.denials)
+
+
+def test_the_layer_storage_is_not_reachable_from_the_sandbox(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    store = tmp_path / "store"
+    r = cow_box(work, store, fs_readable=[str(tmp_path)], on_exit=BranchAction.KEEP).run(
+        ["sh", "-c", f"echo x > new.txt; ls {store}; echo rc=$?; "
+                     f"cat {store}/*/layer.json; echo rc=$?; "
+                     f"echo '{{}}' > {store}/*/commit.json; echo rc=$?"])
+    assert r.stdout.decode().split() == ["rc=2", "rc=1", "rc=2"], r.stdout
+    root = r.kept
+    assert sorted(os.listdir(root)) == ["layer.json", "upper"]  # nothing planted
+    assert open(os.path.join(root, "upper", "new.txt")).read() == "x\n"  # control
+    CowLayer.open(root).discard()
+
+
+def test_racing_path_rewrites_never_open_a_denied_file(tree, tmp_path):
+    """A thread flips the path between a workdir file and a denied one while the main
+    thread opens it: the supervisor acts on its one copy; the kernel never re-reads a path
+    under the workdir. The secret is never read; the workdir file is (both outcomes)."""
+    work = _copy(tree, tmp_path / "work")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET\n")
+    code = r"""
+import ctypes, threading, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+a = (os.getcwd() + "/readme.txt").encode()
+b = sys.argv[1].encode()
+n = max(len(a), len(b)) + 1
+buf = ctypes.create_string_buffer(n)
+stop = False
+def flip():
+    while not stop:
+        ctypes.memmove(buf, a + b"\0", len(a) + 1)
+        ctypes.memmove(buf, b + b"\0", len(b) + 1)
+t = threading.Thread(target=flip); t.start()
+seen = {"hello": 0, "secret": 0, "fail": 0}
+for _ in range(400):
+    fd = libc.open(buf, os.O_RDONLY)
+    if fd < 0:
+        seen["fail"] += 1; continue
+    data = os.read(fd, 64); os.close(fd)
+    seen["secret" if b"TOPSECRET" in data else "hello"] += 1
+stop = True; t.join()
+print(seen)
+"""
+    r = run_py(cow_box(work, tmp_path / "store", fs_denied=[str(secret)],
+                       on_exit=BranchAction.ABORT), code, str(secret), timeout=60)
+    seen = eval(r.stdout.decode())
+    assert seen["secret"] == 0
+    assert seen["hello"] > 0 and seen["fail"] > 0  # both paths were really tried
+
+
+# --- exec and chdir ------------------------------------------------------------------------
+
+def test_programs_in_the_workdir_run_and_changed_ones_run_through_their_interpreter(
+        tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    os.chmod(work / "script.sh", 0o755)
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", "./script.sh; printf '#!/bin/sh\\necho new\\n' > tool.sh; "
+                     "chmod +x tool.sh; ./tool.sh; echo rc=$?; sh ./tool.sh"])
+    lines = r.stdout.decode().splitlines()
+    assert lines[0] == "hi"          # unchanged program: runs from the workdir
+    assert "rc=126" in lines          # created inside: refused by path, with the reason
+    assert lines[-1] == "new"         # ...and runs through its interpreter
+    assert any("cannot execute" in d["reason"] for d in r.denials)
+
+
+def test_chdir_into_existing_directories_works(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", "cd notes && cat todo.txt && pwd"])
+    assert r.success, r.stderr
+    assert r.stdout.decode() == f"todo\n{work}/notes\n"
+
+
+# --- outcomes and limits -----------------------------------------------------------------------
+
+def test_max_disk_stops_writes_and_discards_an_oversized_commit(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    before = snapshot(work)
+    r = cow_box(work, tmp_path / "store", max_disk="64K").run(
+        ["sh", "-c", "head -c 200000 /dev/zero > a.bin; echo x > b.txt; echo rc=$?"])
+    assert r.stdout.decode() == "rc=2\n"  # b.txt: no space left in the layer
+    assert "No space left" in r.stderr.decode()
+    assert snapshot(work) == before
+    assert "max_disk" in (r.error or "")
+
+
+def test_small_writes_under_max_disk_commit(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store", max_disk="1M").run(["sh", "-c", "echo ok > c.txt"])
+    assert r.success and open(work / "c.txt").read() == "ok\n"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"workdir": "/nonexistent/dir"}, "workdir: /nonexistent/dir is not a directory"),
+    ({"fs_storage": "/tmp"}, "fs_storage: set without a workdir"),
+    ({"max_disk": "lots"}, "max_disk: expected a size"),
+    ({"on_exit": "explode"}, "on_exit: expected one of commit, abort, keep, defer"),
+])
+def test_bad_workspace_fields_are_clear_errors(tmp_path, fields, message):
+    fields = dict(fields)
+    if "workdir" not in fields and "fs_storage" not in fields:
+        fields["workdir"] = str(tmp_path)
+        fields["fs_storage"] = str(tmp_path.parent / "store")
+    with pytest.raises(PolicyError, match=message):
+        sandbox(**fields)
+
+
+def test_a_workdir_inside_a_writable_grant_is_refused(tmp_path):
+    (tmp_path / "w").mkdir()
+    with pytest.raises(PolicyError, match="inside the writable path"):
+        sandbox(workdir=str(tmp_path / "w"), fs_writable=[str(tmp_path)],
+                fs_storage=str(tmp_path.parent / "store"))
+
+
+# --- real tools ------------------------------------------------------------------------------
+
+def _git_env():
+    return {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+            "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+
+
+def test_git_init_add_commit_in_a_workspace_and_dry_run_lists_it(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    before = snapshot(work)
+    script = "git init -q && git add -A && git commit -q -m first && git log --oneline"
+    r = cow_box(work, tmp_path / "store", env=_git_env(), on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", script], timeout=60)
+    assert r.success, r.stderr.decode()
+    assert "first" in r.stdout.decode()
+    assert snapshot(work) == before
+    changed = {c.path for c in r.changes}
+    assert ".git/HEAD" in changed and ".git/index" in changed
+    assert all(p == ".git" or p.startswith(".git/") for p in changed)
+    # The CLI's dry run prints the same list and leaves the directory alone.
+    cli = subprocess.run(
+        [sys.executable, "-m", "sandlock", "run", "--workdir", str(work), "--cwd", str(work),
+         "--fs-storage", str(tmp_path / "store2"), "--dry-run",
+         *sum((["--env", f"{k}={v}"] for k, v in _git_env().items()), []),
+         "--", "sh", "-c", script], capture_output=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr.decode()
+    listed = {line.split()[1] for line in cli.stdout.decode().splitlines()
+              if line.split()[:1] and line.split()[0] in ("added", "modified", "deleted")}
+    assert listed == changed
+    assert "left untouched" in cli.stderr.decode()
+    assert snapshot(work) == before
+    # Committed, git outside sees the repository the sandbox made.
+    r = cow_box(work, tmp_path / "store", env=_git_env()).run(["sh", "-c", script],
+                                                                timeout=60)
+    assert r.success
+    log = subprocess.run(["git", "-C", str(work), "log", "--format=%s"],
+                         capture_output=True, env={**os.environ, **_git_env()})
+    assert log.stdout.decode().strip() == "first"
+
+
+def _wheel(path):
+    name = "cowdemo-1.0-py3-none-any.whl"
+    whl = os.path.join(path, name)
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("cowdemo/__init__.py", "VALUE = 42\n")
+        z.writestr("cowdemo-1.0.dist-info/METADATA",
+                   "Metadata-Version: 2.1\nName: cowdemo\nVersion: 1.0\n")
+        z.writestr("cowdemo-1.0.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                   "Tag: py3-none-any\n")
+        z.writestr("cowdemo-1.0.dist-info/RECORD",
+                   "cowdemo/__init__.py,,\ncowdemo-1.0.dist-info/METADATA,,\n"
+                   "cowdemo-1.0.dist-info/WHEEL,,\ncowdemo-1.0.dist-info/RECORD,,\n")
+    return whl
+
+
+def test_pip_install_of_a_local_wheel_into_a_workspace(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    whl = _wheel(str(wheels))
+    py = sys.executable
+    readable = [str(wheels), sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(py))]
+    r = cow_box(work, tmp_path / "store", fs_readable=readable, on_exit=BranchAction.KEEP,
+                env={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "HOME": str(work),
+                     "PYTHONPATH": "", "PYTHONNOUSERSITE": "1",
+                     "PIP_NO_CACHE_DIR": "1"}).run(
+        [py, "-m", "pip", "install", "-q", "--no-index", "--target", "site", whl],
+        timeout=120)
+    assert r.success, r.stderr.decode()[-3000:]
+    changed = {c.path for c in r.changes}
+    assert "site/cowdemo/__init__.py" in changed
+    assert not os.path.exists(work / "site")
+    commit(CowLayer.open(r.kept))
+    check = subprocess.run([py, "-c", "import cowdemo; print(cowdemo.VALUE)"],
+                           cwd=work / "site", capture_output=True)
+    assert check.stdout == b"42\n"
+
+
+# --- crash-safe commit -----------------------------------------------------------------------
+
+def _prepare_layer(tmp_path, trial):
+    work = tmp_path / f"w{trial}"
+    os.makedirs(work / "d")
+    old, new = {}, {}
+    for i in range(60):
+        old[f"d/f{i}"] = (b"old %d " % i) * 2000
+        (work / "d" / f"f{i}").write_bytes(old[f"d/f{i}"])
+    script = "for i in $(seq 0 59); do head -c 30000 /dev/urandom > d/f$i; done; " \
+             "rm d/f0; mkdir -p n/m && echo added > n/m/x"
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.KEEP).run(["sh", "-c", script])
+    assert r.success, r.stderr
+    upper = os.path.join(r.kept, "upper")
+    for i in range(1, 60):
+        new[f"d/f{i}"] = open(os.path.join(upper, "d", f"f{i}"), "rb").read()
+    return work, r.kept, old, new
+
+
+def test_commit_killed_at_random_points_never_leaves_a_half_written_file(tmp_path):
+    rng = random.Random(1234)
+    code = "import sys; from sandlock.cow import CowLayer, commit; " \
+           "layer = CowLayer.open(sys.argv[1]); print('go', flush=True); commit(layer)"
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # How long an uninterrupted commit takes here (process start included): kills are
+    # spread over that span.
+    def start(root):
+        proc = subprocess.Popen([sys.executable, "-c", code, root], env=env,
+                                stdout=subprocess.PIPE)
+        assert proc.stdout.readline() == b"go\n"  # from here on, only the commit runs
+        return proc
+    work, root, old, new = _prepare_layer(tmp_path, "calibration")
+    proc = start(root)
+    t0 = time.monotonic()
+    proc.wait()
+    span = time.monotonic() - t0
+    killed_mid = 0
+    for trial in range(50):
+        work, root, old, new = _prepare_layer(tmp_path, trial)
+        proc = start(root)
+        time.sleep(rng.uniform(0.0, span))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state = []
+        for rel in old:
+            p = work / rel
+            if not p.exists():
+                state.append("gone")
+                assert rel == "d/f0", f"{rel} vanished"
+                continue
+            data = p.read_bytes()
+            assert data == old[rel] or data == new.get(rel), f"trial {trial}: {rel} is torn"
+            state.append("new" if data == new.get(rel) else "old")
+        if "old" in state and "new" in state:
+            killed_mid += 1
+        if os.path.exists(root):
+            commit(CowLayer.open(root))  # finishing is always possible
+        for rel, data in new.items():
+            assert (work / rel).read_bytes() == data
+        assert not (work / "d" / "f0").exists()
+        assert (work / "n" / "m" / "x").read_text() == "added\n"
+        assert not [n for n in os.listdir(work / "d") if "sandlock" in n]
+        assert not os.path.exists(root) and not interrupted(root)
+    assert killed_mid >= 5, f"only {killed_mid} kills landed mid-commit: the test is blind"
