@@ -1,5 +1,6 @@
 """Sandlock demo: an "agent" runs a shell script in a sandbox; some actions are allowed,
-some are refused by the kernel, and the output explains which rule decided.
+some are refused by the kernel, and the output explains which rule decided. Then: a web
+tool under `sandlock net-run`, an HTTP rule, and a copy-on-write workspace.
 
 Run it with `make demo` (sets everything up first) or `.venv/bin/python examples/demo.py`.
 """
@@ -192,7 +193,45 @@ def http_rule_demo():
     api.shutdown()
 
 
+def workspace_demo():
+    """Part 4: an agent edits a repository in a copy-on-write workspace: a dry run shows
+    what it would change, the real run commits only if the command succeeds."""
+    repo = os.path.join(tempfile.mkdtemp(prefix="sandlock-ws-"), "repo")
+    os.makedirs(os.path.join(repo, "src"))
+    with open(os.path.join(repo, "src", "app.py"), "w") as f:
+        f.write("def greet():\n    return 'hello'\n")
+    with open(os.path.join(repo, "notes.txt"), "w") as f:
+        f.write("scratch notes\n")
+    storage = os.path.join(os.path.dirname(repo), "layers")
+    edit = ("sed -i s/hello/hi/ src/app.py && rm notes.txt && mkdir docs && "
+            "echo '# API' > docs/api.md")
+    cmd = [sys.executable, "-m", "sandlock", "run", "--workdir", repo, "--cwd", repo,
+           "--fs-storage", storage]
+    print("\n" + "=" * 78)
+    print("Part 4: a copy-on-write workspace (the agent's edits land in a private layer)")
+    print(f"$ sandlock run --workdir {repo} --dry-run -- sh -c \"{edit}\"")
+    r = subprocess.run(cmd + ["--dry-run", "--", "sh", "-c", edit], capture_output=True,
+                       text=True)
+    for line in (r.stdout + r.stderr).splitlines():
+        print("  " + line)
+    assert open(os.path.join(repo, "src", "app.py")).read().endswith("'hello'\n")
+    print("The repository is unchanged: src/app.py still says hello, notes.txt is there.")
+    print(f"\n$ sandlock run --workdir {repo} -- sh -c \"{edit}; false\"   "
+          "(fails: on_error discards)")
+    r = subprocess.run(cmd + ["--", "sh", "-c", edit + "; false"], capture_output=True,
+                       text=True)
+    for line in r.stderr.splitlines():
+        print("  " + line)
+    print(f"\n$ sandlock run --workdir {repo} -- sh -c \"{edit}\"   (succeeds: on_exit commits)")
+    r = subprocess.run(cmd + ["--", "sh", "-c", edit], capture_output=True, text=True)
+    for line in r.stderr.splitlines():
+        print("  " + line)
+    print("Now src/app.py says:", open(os.path.join(repo, "src", "app.py")).read().split()[-1],
+          "and the repository holds:", sorted(os.listdir(repo)))
+
+
 if __name__ == "__main__":
     main()
     net_run_demo()
     http_rule_demo()
+    workspace_demo()

@@ -121,14 +121,15 @@ def _compare(layer: CowLayer, udir: str, rel: str, out: list) -> None:
     for name in sorted(upper_names | lower_names):
         r = f"{rel}/{name}" if rel else name
         upath, lpath = os.path.join(udir, name), os.path.join(ldir, name)
+        if name in upper_names and name in lower_names and \
+                layer.placeholder_origin(upath) == r:
+            continue  # the lower file itself, untouched (never hashed)
         before = entry(lpath) if name in lower_names else None
         if name not in upper_names:
             out.append(Change(r, "deleted", before, None))
             if before.kind == "dir":
                 _all_below(lpath, r, "deleted", out, None)
             continue
-        if layer.placeholder_origin(upath) == r and before is not None:
-            continue  # the lower file itself, untouched
         after = _upper_entry(layer, upath)
         if before is None:
             out.append(Change(r, "added", None, after))

@@ -40,14 +40,18 @@ XATTR_PREFIX = "user.sandlock."
 MAX_LINKS = 40
 
 UPPER, LOWER, MISSING, OUTSIDE = "upper", "lower", "missing", "outside"
+# UPPER: `real` is an upper entry; LOWER: `real` is in the workdir (a placeholder's origin,
+# or anything below a directory the sandbox never changed); `upper` is where the entry is
+# or will be in the upper tree; `rel` is the symlink-free path below the workdir.
 
 
 @dataclass(frozen=True)
 class Loc:
-    """Where a sandbox path lives. kind UPPER: `real` is an upper entry (directory, private
-    file, symlink, fifo); LOWER: a placeholder, `real` is the lower file holding the data
-    and `upper` the placeholder; MISSING: nothing there yet, `real` is the upper path it
-    would get (its parent exists); OUTSIDE: the path left the workdir, `real` is where."""
+    """Where a sandbox path lives. UPPER: `real` is an upper entry (directory, private file,
+    symlink, fifo); LOWER: `real` is in the workdir (a placeholder's origin, or an entry
+    below a directory never changed: files, directories, symlinks) and `upper` is where its
+    upper entry is or will be; MISSING: nothing there yet, `real` is the upper path it
+    would get (after concrete()); OUTSIDE: the path left the workdir, `real` is where."""
     kind: str
     real: str
     upper: str = ""
@@ -76,6 +80,12 @@ class CowLayer:
         self.root = root                      # the storage directory of this layer
         self.upper = os.path.join(root, "upper")
         self.lock = threading.RLock()
+        # What the upper directories' xattrs say, cached by inode: materialized ones, and
+        # pending ones with their origin. Every pending directory is made here (create,
+        # _materialize), and only _materialize ends one; inodes survive renames.
+        self._complete: set[int] = set()
+        self._pending: dict[int, str] = {}
+        self._root_ino: int | None = None
         if create:
             os.makedirs(self.upper, mode=0o700)
             try:
@@ -118,10 +128,16 @@ class CowLayer:
 
     # --- materialization -------------------------------------------------------------------
 
-    def _materialize(self, udir: str) -> None:
+    def _materialize(self, udir: str, ino: int | None = None) -> None:
         """Give a pending upper directory one entry per entry of its lower origin."""
-        if _xattr(udir, PENDING) is None:
+        if ino is not None and ino in self._complete:
             return
+        if _xattr(udir, PENDING) is None:
+            if ino is not None:
+                self._complete.add(ino)
+            return
+        ino = os.lstat(udir).st_ino
+        self._pending.pop(ino, None)
         origin = _safe_rel(_xattr(udir, ORIGIN) or ".")
         ldir = os.path.join(self.lower, origin) if origin != "." else self.lower
         try:
@@ -141,6 +157,9 @@ class CowLayer:
                 os.mkdir(up, 0o700)
                 os.setxattr(up, ORIGIN, rel.encode())
                 os.setxattr(up, PENDING, b"1")
+                sub_ino = os.lstat(up).st_ino
+                self._complete.discard(sub_ino)
+                self._pending[sub_ino] = rel
                 os.chmod(up, stat.S_IMODE(st.st_mode))
                 os.utime(up, ns=(st.st_atime_ns, st.st_mtime_ns))
             elif stat.S_ISLNK(st.st_mode):
@@ -155,6 +174,7 @@ class CowLayer:
                 finally:
                     os.close(fd)
         os.removexattr(udir, PENDING)
+        self._complete.add(ino)
         try:
             lst = os.stat(ldir)
             os.utime(udir, ns=(lst.st_atime_ns, lst.st_mtime_ns))
@@ -183,64 +203,117 @@ class CowLayer:
 
     # --- resolution ------------------------------------------------------------------------
 
+    def _pending_origin(self, udir: str, ino: int) -> str | None:
+        """The lower relpath a pending upper directory stands for; None once materialized."""
+        if ino in self._complete:
+            return None
+        origin = self._pending.get(ino)
+        if origin is not None:
+            return origin
+        if _xattr(udir, PENDING) is None:
+            self._complete.add(ino)
+            return None
+        origin = self._pending[ino] = _safe_rel(_xattr(udir, ORIGIN) or ".")
+        return origin
+
+    def _lower_of(self, origin: str) -> str:
+        return self.lower if origin == "." else os.path.join(self.lower, origin)
+
     def resolve(self, rel: str, follow_last: bool) -> Loc:
         """Resolve a workdir-relative path the way the kernel would in the sandbox's view.
-        Raises OSError (ENOENT, ENOTDIR, ELOOP) as the kernel would."""
-        cur = self.upper
+        Raises OSError (ENOENT, ENOTDIR, ELOOP) as the kernel would.
+
+        Reading changes nothing: below a directory never changed (pending, or not in the
+        upper tree at all) the walk continues in the workdir itself, so untouched regions
+        cost no upper entries; a LOWER location may then be a directory, read from the
+        workdir. Callers that change something call concrete() first."""
+        if self._root_ino is None:
+            self._root_ino = os.lstat(self.upper).st_ino
+        root_origin = self._pending_origin(self.upper, self._root_ino)
+        # One frame per directory below the root: (name, lower dir when its content is
+        # the workdir's, else None).
+        frames: list[tuple[str, str | None]] = []
+        base_lower = self._lower_of(root_origin) if root_origin is not None else None
         parts = [c for c in rel.split("/") if c]
-        depth: list[str] = []  # components below the workdir root
         links = 0
+
+        def here():
+            return frames[-1][1] if frames else base_lower
+
+        def upath(extra=None):
+            names = [f[0] for f in frames] + ([extra] if extra else [])
+            return os.path.join(self.upper, *names) if names else self.upper
+
         while parts:
             comp = parts.pop(0)
             last = not parts
             if comp == ".":
-                if last:
-                    break
                 continue
             if comp == "..":
-                if not depth:  # above the workdir: the rest is outside
+                if not frames:  # above the workdir: the rest is outside
                     return self._outside(os.path.dirname(self.lower), parts)
-                depth.pop()
-                cur = os.path.dirname(cur)
+                frames.pop()
                 continue
-            self._materialize(cur)
-            up = os.path.join(cur, comp)
+            lower_dir = here()
+            path = os.path.join(lower_dir, comp) if lower_dir is not None else upath(comp)
             try:
-                st = os.lstat(up)
-            except FileNotFoundError:
+                st = os.lstat(path)
+            except (FileNotFoundError, NotADirectoryError):
                 if last:
-                    return Loc(MISSING, up, up, "/".join(depth + [comp]))
+                    names = "/".join([f[0] for f in frames] + [comp])
+                    return Loc(MISSING, upath(comp), upath(comp), names)
                 raise OSError(errno.ENOENT, "No such file or directory") from None
             if stat.S_ISLNK(st.st_mode) and (follow_last or not last):
                 links += 1
                 if links > MAX_LINKS:
                     raise OSError(errno.ELOOP, "Too many levels of symbolic links")
-                target = os.readlink(up)
+                target = os.readlink(path)
                 if target.startswith("/"):
                     inner = self.relative(target)
                     if inner is None:
                         return self._outside(target, parts)
-                    cur, depth = self.upper, []
+                    frames = []
                     parts = [c for c in inner.split("/") if c] + parts
                 else:
                     parts = [c for c in target.split("/") if c] + parts
                 continue
-            if not last:
-                if not stat.S_ISDIR(st.st_mode):
-                    raise OSError(errno.ENOTDIR, "Not a directory")
-                cur = up
-                depth.append(comp)
+            if stat.S_ISDIR(st.st_mode):
+                if lower_dir is not None:
+                    frames.append((comp, path))
+                else:
+                    origin = self._pending_origin(path, st.st_ino)
+                    frames.append((comp, None if origin is None else self._lower_of(origin)))
                 continue
-            depth.append(comp)
-            cur = up
-            break
-        relpath = "/".join(depth)
-        if cur == self.upper or stat.S_ISDIR(os.lstat(cur).st_mode):
-            return Loc(UPPER, cur, cur, relpath)
-        origin = self.placeholder_origin(cur)
-        if origin is not None:
-            return Loc(LOWER, os.path.join(self.lower, origin), cur, relpath)
-        return Loc(UPPER, cur, cur, relpath)
+            if not last:
+                raise OSError(errno.ENOTDIR, "Not a directory")
+            names = "/".join([f[0] for f in frames] + [comp])
+            if lower_dir is not None:
+                return Loc(LOWER, path, upath(comp), names)
+            origin = self.placeholder_origin(path)
+            if origin is not None:
+                return Loc(LOWER, self._lower_of(origin), path, names)
+            return Loc(UPPER, path, path, names)
+        names = "/".join(f[0] for f in frames)
+        if here() is not None:
+            return Loc(LOWER, here(), upath(), names)  # an unchanged directory
+        return Loc(UPPER, upath(), upath(), names)
+
+    def concrete(self, loc: Loc, itself: bool = False) -> Loc:
+        """Make the upper tree hold `loc`'s ancestors as materialized directories (so its
+        upper entry exists, or can be created), and `loc` itself too when `itself` and it
+        is a directory. Returns the location with its upper path."""
+        parts = loc.rel.split("/") if loc.rel else []
+        cur = self.upper
+        self._materialize(cur)
+        for comp in parts[:-1]:
+            cur = os.path.join(cur, comp)
+            self._materialize(cur)
+        up = os.path.join(self.upper, loc.rel) if loc.rel else self.upper
+        if itself and os.path.isdir(up) and not os.path.islink(up):
+            self._materialize(up)
+        if loc.kind == LOWER and self.placeholder_origin(up) is None and os.path.lexists(up):
+            return Loc(UPPER, up, up, loc.rel)  # a directory or symlink: now in the upper tree
+        return Loc(loc.kind, loc.real if loc.kind != MISSING else up, up, loc.rel)
 
     def _outside(self, base: str, rest: list[str]) -> Loc:
         path = os.path.normpath(os.path.join(base, *rest)) if rest else os.path.normpath(base)
@@ -253,6 +326,9 @@ class CowLayer:
 
     def copy_up(self, loc: Loc) -> Loc:
         """Replace a placeholder by a private copy of its origin (same mode, owner, times)."""
+        if loc.kind not in (LOWER, UPPER):
+            return loc
+        loc = self.concrete(loc)
         if loc.kind != LOWER:
             return loc
         src, dst = loc.real, loc.upper

@@ -40,7 +40,7 @@ AT_REMOVEDIR = 0x200
 AT_SYMLINK_FOLLOW = 0x400
 AT_EACCESS = 0x200
 O_ACCMODE = 3
-O_TMPFILE_BIT = 0o20000000
+O_TMPFILE_BIT = 0o20200000  # __O_TMPFILE | O_DIRECTORY
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 _STAT_SIZE = 144
 _STATX_SIZE = 256
@@ -179,23 +179,30 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int)
             if not creat:
                 raise OSError(errno.ENOENT, "No such file or directory")
             _quota(session)
+            loc = layer.concrete(loc)
             fd = layer.open_real(loc.real, flags | os.O_EXCL, 0o600)
             os.fchmod(fd, mode & ~_umask(req) & 0o7777 & ~0o6000)
             return Inject(fd, bool(flags & os.O_CLOEXEC))
         if excl:
             raise OSError(errno.EEXIST, "File exists")
         if loc.kind == LOWER:
-            if not writes:
+            if not writes:  # an untouched file or directory: the workdir's own
                 fd = layer.open_real(loc.real, flags & ~(os.O_CREAT | os.O_TRUNC))
                 return Inject(fd, bool(flags & os.O_CLOEXEC))
             _quota(session)
-            loc = layer.copy_up(loc)
+            if stat.S_ISDIR(os.lstat(loc.real).st_mode):
+                if flags & O_TMPFILE_BIT != O_TMPFILE_BIT:
+                    raise OSError(errno.EISDIR, "Is a directory")
+                loc = layer.concrete(loc, itself=True)
+            else:
+                loc = layer.copy_up(loc)
         elif writes:
             _quota(session)
         if stat.S_ISDIR(os.lstat(loc.real).st_mode) and not flags & os.O_PATH:
             layer._materialize(loc.real)
-        fd = layer.open_real(loc.real, flags & ~os.O_CREAT if not flags & O_TMPFILE_BIT
-                             else flags, mode & ~_umask(req) & 0o7777)
+        tmpfile = flags & O_TMPFILE_BIT == O_TMPFILE_BIT
+        fd = layer.open_real(loc.real, flags if tmpfile else flags & ~os.O_CREAT,
+                             mode & ~_umask(req) & 0o7777)
         return Inject(fd, bool(flags & os.O_CLOEXEC))
 
 
@@ -402,6 +409,8 @@ def _create_at(req, session, dirfd, path_arg, make):
         if loc.kind != MISSING and loc.kind != OUTSIDE:
             raise OSError(errno.EEXIST, "File exists")
         _quota(session)
+        if loc.kind == MISSING:
+            loc = session.cow.concrete(loc)
         make(loc.real, _umask(req))
     return 0
 
@@ -466,6 +475,7 @@ def _remove(req, session, dirfd, path_arg, directory: bool):
             raise OSError(errno.ENOENT, "No such file or directory")
         if loc.upper == layer.upper:
             raise OSError(errno.EBUSY, "Device or resource busy")
+        loc = layer.concrete(loc, itself=directory)
         if directory:
             if loc.kind == LOWER or not stat.S_ISDIR(os.lstat(loc.upper).st_mode):
                 raise OSError(errno.ENOTDIR, "Not a directory")
@@ -511,6 +521,8 @@ def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
             raise OSError(errno.ENOENT, "No such file or directory")
         if layer.upper in (old.upper, new.upper):
             raise OSError(errno.EBUSY, "Device or resource busy")
+        old = layer.concrete(old)
+        new = layer.concrete(new)
         if new.kind == UPPER and stat.S_ISDIR(os.lstat(new.upper).st_mode):
             layer._materialize(new.upper)  # replacing a directory needs it empty
         if flags & RENAME_EXCHANGE and old.kind == UPPER and stat.S_ISDIR(
@@ -548,9 +560,10 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
             raise OSError(errno.ENOENT, "No such file or directory")
         if new.kind != MISSING:
             raise OSError(errno.EEXIST, "File exists")
-        if stat.S_ISDIR(os.lstat(old.upper).st_mode):
+        if stat.S_ISDIR(os.lstat(old.real).st_mode):
             raise OSError(errno.EPERM, "Operation not permitted")
         old = layer.copy_up(old)  # two names must share one private inode
+        new = layer.concrete(new)
         os.link(old.upper, new.upper, follow_symlinks=False)
     return 0
 
@@ -628,12 +641,11 @@ def _same_in_lower(session, req, dirfd, path: bytes, follow: bool) -> str | None
         normal = "" if normal == "." else normal
         if normal != loc.rel:
             return "a symlink created inside the workspace is on its way"
+        lower = os.path.join(layer.lower, loc.rel) if loc.rel else layer.lower
         if loc.kind == LOWER:
-            return None if loc.real == os.path.join(layer.lower, loc.rel) else \
-                "it was renamed inside the workspace"
+            return None if loc.real == lower else "it was renamed inside the workspace"
         st = os.lstat(loc.upper)
         if stat.S_ISDIR(st.st_mode):
-            lower = os.path.join(layer.lower, loc.rel) if loc.rel else layer.lower
             return None if os.path.isdir(lower) else "it was created inside the workspace"
         return "it was created or changed inside the workspace"
 
