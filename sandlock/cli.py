@@ -119,6 +119,13 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         audit = sub.add_parser("audit", help="summarise an audit log")
         audit.add_argument("file")
         audit.add_argument("--top", type=int, default=10)
+    if wanted("workspace"):
+        ws = sub.add_parser("workspace", help="a copy-on-write layer left by --on-exit keep "
+                                              "(or by a crash during a commit)")
+        ws.add_argument("action", choices=("diff", "commit", "abort"),
+                        help="diff: list its changes; commit: apply them to the workdir "
+                             "(finishes an interrupted commit); abort: discard the layer")
+        ws.add_argument("layer", help="the layer directory (printed when it was kept)")
     if wanted("certs"):
         certs = sub.add_parser(
             "certs", help="the local CA used to intercept HTTPS",
@@ -311,7 +318,8 @@ def _workspace_summary(ws, dry_run: bool) -> None:
     else:
         done = {"commit": "applied to", "abort": "discarded, not applied to",
                 "keep": "kept for inspection, not applied to"}[ws.action.value]
-        where = f" (layer: {ws.layer.root})" if ws.action.value == "keep" else ""
+        where = (f" (layer: {ws.layer.root}; `sandlock workspace diff|commit|abort` it)"
+                 if ws.action.value == "keep" else "")
         print(f"sandlock: {len(ws.changes)} change(s) {done} {ws.layer.lower}{where}",
               file=sys.stderr)
     if ws.error:
@@ -432,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["pipe"] and not set(argv[1:2]) & {"-h", "--help"}:
         return _pipe(argv[1:])  # stages carry `run` options, parsed stage by stage
     first = argv[0] if argv else None
-    known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check")
+    known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace")
     args = _parser(first if first in known else None).parse_args(argv)
     if args.command in ("run", "net-run"):
         return _run(args, net_run=args.command == "net-run")
@@ -442,7 +450,31 @@ def main(argv: list[str] | None = None) -> int:
         return _audit(args)
     if args.command == "certs":
         return _certs(args)
+    if args.command == "workspace":
+        return _workspace(args)
     return _check(args)
+
+
+def _workspace(a) -> int:
+    from . import cow
+    try:
+        layer = cow.CowLayer.open(a.layer)
+        if a.action == "diff":
+            if cow.interrupted(a.layer):
+                print("sandlock: a commit of this layer was interrupted; `sandlock workspace "
+                      "commit` finishes it", file=sys.stderr)
+            print(cow.table(cow.diff(layer)))
+        elif a.action == "commit":
+            changes = cow.diff(layer) if not cow.interrupted(a.layer) else None
+            cow.commit(layer, changes)
+            print(f"sandlock: committed to {layer.lower}", file=sys.stderr)
+        else:
+            layer.discard()
+            print(f"sandlock: discarded {a.layer}", file=sys.stderr)
+    except (OSError, ValueError) as e:
+        print(f"sandlock: error: {a.layer}: {e}", file=sys.stderr)
+        return EXIT_SANDLOCK
+    return 0
 
 
 def _certs(a) -> int:

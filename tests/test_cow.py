@@ -321,6 +321,47 @@ def test_a_workdir_inside_a_writable_grant_is_refused(tmp_path):
                 fs_storage=str(tmp_path.parent / "store"))
 
 
+def test_cli_keep_then_workspace_diff_and_commit(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    before = snapshot(work)
+    sl = [sys.executable, "-m", "sandlock"]
+    r = subprocess.run(sl + ["run", "--workdir", str(work), "--cwd", str(work),
+                             "--fs-storage", str(tmp_path / "store"), "--on-exit", "keep",
+                             "--", "sh", "-c", "echo v2 > readme.txt; rm -r lib"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(work) == before
+    layer = r.stderr.split("(layer: ")[1].split(";")[0]
+    d = subprocess.run(sl + ["workspace", "diff", layer], capture_output=True, text=True)
+    rows = [line.split()[:2] for line in d.stdout.splitlines()]
+    assert ["modified", "readme.txt"] in rows and ["deleted", "lib/mod.py"] in rows
+    c = subprocess.run(sl + ["workspace", "commit", layer], capture_output=True, text=True)
+    assert c.returncode == 0, c.stderr
+    assert (work / "readme.txt").read_text() == "v2\n" and not (work / "lib").exists()
+    gone = subprocess.run(sl + ["workspace", "commit", layer], capture_output=True, text=True)
+    assert gone.returncode == 125 and "layer.json" in gone.stderr
+
+
+def test_policy_fn_sees_workspace_opens_and_its_deny_path_holds(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    seen = []
+
+    def policy(event, ctx):
+        if event.syscall in ("open", "openat") and not seen:
+            ctx.deny_path(str(work / "notes"))
+        seen.append(event.category)
+        return None
+    r = cow_box(work, tmp_path / "store", policy_fn=policy, policy_fn_events=["file"],
+                on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", "cat readme.txt; cat notes/todo.txt; echo rc=$?; echo x > new.txt; "
+                     "echo rc=$?"], timeout=30)
+    out = r.stdout.decode().splitlines()
+    assert out[0] == "hello" and out[1] == "rc=1" and out[2] == "rc=0", out
+    assert "file" in seen
+    assert any("deny_path" in d["reason"] for d in r.denials)
+    assert {c.path for c in r.changes} == {"new.txt"}
+
+
 # --- real tools ------------------------------------------------------------------------------
 
 def _git_env():
