@@ -1,0 +1,139 @@
+"""What the copy-on-write handlers share (supervisor.cow_calls, supervisor.cow_reads):
+the path as the child spelled it, its resolution in the sandbox's view, the sandbox's own
+rules for a path that leads out of the workdir, max_disk, and writing results back.
+
+Invariant: a path is read from the child once (Request.read_path) and everything after
+works on that copy and on what the layer resolved from it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+from .._kernel import memory
+from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
+from .._kernel.syscall import syscall
+from ..cow.layer import OUTSIDE, Loc
+from ..fs_rules import is_beneath
+from .paths import Unresolvable, directory_of
+from .request import Denied, Request
+
+NR_NEWFSTATAT = 262
+NR_STATX = 332
+STAT_SIZE = 144
+STATX_SIZE = 256
+
+
+# --- parse -----------------------------------------------------------------------------------
+
+def umask_of(req: Request) -> int:
+    try:
+        with open(f"/proc/{req.pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+def spelled(req: Request, dirfd: int, path: bytes) -> str:
+    """The absolute path as spelled by the child (not resolved)."""
+    text = os.fsdecode(path)
+    if text.startswith("/"):
+        return text
+    try:
+        base = directory_of(req.pid, dirfd, AT_FDCWD)
+    except Unresolvable as e:
+        raise Denied(errno.EBADF, str(e)) from None
+    return base.rstrip("/") + "/" + text if text else base
+
+
+def rel_of(session, req: Request, dirfd: int, path: bytes) -> str | None:
+    """The path relative to the workdir, or None when it is spelled outside it."""
+    if not path:
+        return None
+    return session.cow.relative(spelled(req, dirfd, path))
+
+
+# --- decide on a path that left the workdir ------------------------------------------------
+
+def _outside(session, loc: Loc, write: bool, follow: bool = True) -> str:
+    """The real path of an OUTSIDE location, if the sandbox's own rules let it be reached."""
+    path = loc.real
+    real = os.path.realpath(path) if follow else os.path.join(
+        os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    policy = session.policy
+    if any(is_beneath(real, d) for d in policy.fs_denied):
+        raise Denied(errno.EACCES, f"{real} is in fs_denied")
+    grants = policy.fs_writable if write else policy.fs_writable + policy.fs_readable
+    if not any(is_beneath(real, g) for g in grants):
+        raise Denied(errno.EACCES, f"{real} (reached through a symlink in the workdir) is "
+                                   f"not {'writable' if write else 'readable'} by the policy")
+    return real
+
+
+def located(session, rel: str, follow: bool, write: bool, inspect: bool = False) -> Loc:
+    """Resolve; a path that left the workdir must pass the sandbox's rules, except for
+    `inspect` calls (stat, access, readlink, getxattr), which Landlock does not govern
+    either: the kernel would answer them for the sandbox anywhere."""
+    loc = session.cow.resolve(rel, follow_last=follow)
+    if loc.kind == OUTSIDE:
+        if inspect:
+            real = loc.real if not follow else os.path.realpath(loc.real)
+            return Loc(OUTSIDE, real)
+        return Loc(OUTSIDE, _outside(session, loc, write, follow))
+    return loc
+
+
+def quota(session) -> None:
+    """max_disk, checked whenever something in the layer is created or opened for writing
+    (a measurement of the upper tree each time: the layer's writes go through fds the
+    supervisor cannot count). What an open fd writes past the limit is caught at the next
+    check and at the end of the run, where an oversized layer is never committed."""
+    limit = session.cow_max_disk
+    if limit is None:
+        return
+    if session.cow.usage() >= limit:
+        raise Denied(errno.ENOSPC, f"the workspace's upper layer reached max_disk "
+                                   f"({limit} bytes)")
+
+
+# --- act: results written into the child -----------------------------------------------------
+
+def write_child(req: Request, session, addr: int, data: bytes) -> None:
+    if addr == 0:
+        raise Denied(errno.EFAULT, "NULL buffer")
+    with session.memory_lock:  # never while a freeze inspects the sandbox's memory
+        try:
+            memory.write_memory(req.pid, addr, data)
+        except OSError:
+            raise Denied(errno.EFAULT, "result buffer not writable") from None
+
+
+def raw_stat(real: str, size: int, statx_args=None) -> bytes:
+    buf = ctypes.create_string_buffer(size)
+    if statx_args is None:
+        syscall(NR_NEWFSTATAT, AT_FDCWD, os.fsencode(real), buf, AT_SYMLINK_NOFOLLOW)
+    else:
+        flags, mask = statx_args
+        syscall(NR_STATX, AT_FDCWD, os.fsencode(real),
+                (flags & ~AT_EMPTY_PATH) | AT_SYMLINK_NOFOLLOW, ctypes.c_uint(mask), buf)
+    return buf.raw
+
+
+def runtime_path_check(session, loc: Loc) -> None:
+    """A policy_fn's deny_path, on the path as the sandbox sees it (resolved above from the
+    one copy of the argument, so there is nothing to freeze)."""
+    rt = session.runtime
+    if rt is None or not rt.denied_paths:
+        return
+    path = loc.real if loc.kind == OUTSIDE else (
+        os.path.join(session.cow.lower, loc.rel) if loc.rel else session.cow.lower)
+    refusal = rt.path_refusal(path)
+    if refusal is not None:
+        raise Denied(errno.EACCES, refusal)
+
+

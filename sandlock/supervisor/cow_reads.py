@@ -1,0 +1,185 @@
+"""Calls that only look at a path inside a copy-on-write workdir: stat, access, readlink,
+getxattr/listxattr, getcwd. The supervisor asks the kernel itself about the location the
+layer resolved and copies the answer into the child's buffer (the same bytes the kernel
+would have written there).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
+from ..cow.layer import MISSING, XATTR_PREFIX
+from .cow_paths import (STAT_SIZE, STATX_SIZE, located, raw_stat, rel_of, write_child)
+from .network import CONTINUE
+
+AT_EACCESS = 0x200
+
+
+# --- stat-like reads ---------------------------------------------------------------------------
+
+def _stat_common(req, session, dirfd, path_arg, buf_arg, at_flags, statx_args=None):
+    path = req.read_path(path_arg)
+    if not path and at_flags & AT_EMPTY_PATH:
+        return CONTINUE  # fstat of an fd: the kernel answers for the inode it holds
+    rel = rel_of(session, req, dirfd, path)
+    if rel is None:
+        return CONTINUE
+    with session.cow.lock:
+        loc = located(session, rel, not at_flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
+        if loc.kind == MISSING:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        raw = raw_stat(loc.real, STATX_SIZE if statx_args else STAT_SIZE, statx_args)
+    write_child(req, session, req.args[buf_arg], raw)
+    return 0
+
+
+def stat_(req, session):
+    return _stat_common(req, session, AT_FDCWD, 0, 1, 0)
+
+
+def lstat(req, session):
+    return _stat_common(req, session, AT_FDCWD, 0, 1, AT_SYMLINK_NOFOLLOW)
+
+
+def newfstatat(req, session):
+    return _stat_common(req, session, req.arg_int(0), 1, 2, req.arg_int(3))
+
+
+def statx(req, session):
+    flags = req.arg_int(2)
+    return _stat_common(req, session, req.arg_int(0), 1, 4, flags,
+                        (flags, req.args[3] & 0xFFFFFFFF))
+
+
+def _access(req, session, dirfd, path_arg, mode, flags):
+    path = req.read_path(path_arg)
+    rel = rel_of(session, req, dirfd, path)
+    if rel is None:
+        return CONTINUE
+    with session.cow.lock:
+        loc = located(session, rel, not flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
+        if loc.kind == MISSING:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        # A placeholder answers for the lower file: writable if that file is (copy-up).
+        if not os.access(loc.real, mode, effective_ids=bool(flags & AT_EACCESS),
+                         follow_symlinks=False):
+            raise OSError(errno.EACCES, "Permission denied")
+    return 0
+
+
+def access(req, session):
+    return _access(req, session, AT_FDCWD, 0, req.arg_int(1), 0)
+
+
+def faccessat(req, session):
+    return _access(req, session, req.arg_int(0), 1, req.arg_int(2), 0)
+
+
+def faccessat2(req, session):
+    return _access(req, session, req.arg_int(0), 1, req.arg_int(2), req.arg_int(3))
+
+
+def _readlink(req, session, dirfd, path_arg, buf_arg, size_arg):
+    path = req.read_path(path_arg)
+    rel = rel_of(session, req, dirfd, path)
+    if rel is None:
+        return CONTINUE
+    size = req.arg_int(size_arg)
+    if size <= 0:
+        raise OSError(errno.EINVAL, "Invalid argument")
+    with session.cow.lock:
+        loc = located(session, rel, False, False, inspect=True)
+        if loc.kind == MISSING:
+            raise OSError(errno.ENOENT, "No such file or directory")
+        target = os.fsencode(os.readlink(loc.real))
+    data = target[:size]
+    write_child(req, session, req.args[buf_arg], data)
+    return len(data)
+
+
+def readlink(req, session):
+    return _readlink(req, session, AT_FDCWD, 0, 1, 2)
+
+
+def readlinkat(req, session):
+    return _readlink(req, session, req.arg_int(0), 1, 2, 3)
+
+
+def _getxattr(follow):
+    def handler(req, session):
+        path = req.read_path(0)
+        rel = rel_of(session, req, AT_FDCWD, path)
+        if rel is None:
+            return CONTINUE
+        name = os.fsdecode(req.read_path(1))
+        size = req.args[3]
+        with session.cow.lock:
+            loc = located(session, rel, follow, False, inspect=True)
+            if loc.kind == MISSING:
+                raise OSError(errno.ENOENT, "No such file or directory")
+            if name.startswith(XATTR_PREFIX):
+                raise OSError(errno.ENODATA, "No data available")
+            value = os.getxattr(loc.real, name, follow_symlinks=False)
+        if size == 0:
+            return len(value)
+        if len(value) > size:
+            raise OSError(errno.ERANGE, "Numerical result out of range")
+        if value:
+            write_child(req, session, req.args[2], value)
+        return len(value)
+    return handler
+
+
+def _listxattr(follow):
+    def handler(req, session):
+        path = req.read_path(0)
+        rel = rel_of(session, req, AT_FDCWD, path)
+        if rel is None:
+            return CONTINUE
+        size = req.args[2]
+        with session.cow.lock:
+            loc = located(session, rel, follow, False, inspect=True)
+            if loc.kind == MISSING:
+                raise OSError(errno.ENOENT, "No such file or directory")
+            names = [n for n in os.listxattr(loc.real, follow_symlinks=False)
+                     if not n.startswith(XATTR_PREFIX)]
+        data = b"".join(os.fsencode(n) + b"\0" for n in names)
+        if size == 0:
+            return len(data)
+        if len(data) > size:
+            raise OSError(errno.ERANGE, "Numerical result out of range")
+        if data:
+            write_child(req, session, req.args[1], data)
+        return len(data)
+    return handler
+
+
+def getcwd(req, session):
+    """After fchdir() to a directory fd of the workspace, the kernel's cwd is in the upper
+    tree: report it as the workdir path the sandbox knows."""
+    try:
+        cwd = os.readlink(f"/proc/{req.pid}/cwd")
+    except OSError:
+        return CONTINUE
+    layer = session.cow
+    if not (cwd == layer.upper or cwd.startswith(layer.upper + "/")):
+        return CONTINUE
+    data = os.fsencode(layer.to_sandbox_path(cwd)) + b"\0"
+    if len(data) > req.args[1]:
+        raise OSError(errno.ERANGE, "Numerical result out of range")
+    write_child(req, session, req.args[0], data)
+    return len(data)
+
+
+
+
+HANDLERS = {
+    "stat": stat_, "lstat": lstat, "newfstatat": newfstatat, "statx": statx,
+    "access": access, "faccessat": faccessat, "faccessat2": faccessat2,
+    "readlink": readlink, "readlinkat": readlinkat,
+    "getxattr": _getxattr(True), "lgetxattr": _getxattr(False),
+    "listxattr": _listxattr(True), "llistxattr": _listxattr(False),
+    "getcwd": getcwd,
+}
