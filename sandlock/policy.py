@@ -99,7 +99,6 @@ _NOT_YET = {
     "no_randomize_memory": "determinism controls", "no_huge_pages": "determinism controls",
     "deterministic_dirs": "determinism controls",
     "uid": "uid/gid mapping", "gid": "uid/gid mapping",
-    "init_fn": "COW fork", "work_fn": "COW fork",
     "disable": "protection waivers",
 }
 

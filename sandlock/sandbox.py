@@ -273,6 +273,19 @@ class Sandbox:
         with proc:
             return proc.communicate(input=input, timeout=timeout)
 
+    def fork(self, n: int, timeout: float | None = None):
+        """COW fork: run init_fn once confined, then `n` copy-on-write clones of that
+        process, each running work_fn(clone_id) with CLONE_ID set and its stdout on its own
+        pipe. Returns a ForkResult (pids, len(), clones by index, wait(), kill())."""
+        from .clones import fork
+        return fork(self, n, timeout)
+
+    def reduce(self, cmd: Sequence[str], clones, timeout: float | None = None) -> Result:
+        """Run `cmd` under this sandbox with every clone's stdout (in clone order, streamed)
+        on its stdin; returns its Result once it and the clones have ended."""
+        from .clones import reduce
+        return reduce(self, _argv(cmd), clones, timeout)
+
     def cmd(self, argv: Sequence[str]):
         """A pipeline stage: `sb.cmd([...]) | other.cmd([...])`, then `.run(timeout=...)`."""
         from .pipeline import Stage

@@ -203,7 +203,8 @@ def clone_refusal(flags: int, runtime: bool) -> str | None:
 def compile_filter(deny: frozenset[str], supervised: bool = True,
                    deny_inet: bool = False, net_supervised: bool = False,
                    udp: bool = False, icmp: bool = False,
-                   runtime_events: frozenset = frozenset(), cow: bool = False) -> bytes:
+                   runtime_events: frozenset = frozenset(), cow: bool = False,
+                   deny_unix: bool = False) -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -212,9 +213,11 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     every send that can carry a destination to the supervisor; udp / icmp allow creating
     UDP and ICMP-ping sockets (their destinations are then the supervisor's to decide).
     runtime_events (a policy_fn's event kinds) sends the calls it observes to the
-    supervisor; cow sends the path calls a copy-on-write workdir serves.
+    supervisor; cow sends the path calls a copy-on-write workdir serves. deny_unix refuses
+    AF_UNIX sockets (COW clones: no supervisor to check pathname-socket connects).
     """
-    key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow)
+    key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow,
+           deny_unix)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -222,7 +225,8 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 
 
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
-             udp: bool, icmp: bool, runtime_events: frozenset, cow: bool) -> bytes:
+             udp: bool, icmp: bool, runtime_events: frozenset, cow: bool,
+             deny_unix: bool) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -284,14 +288,15 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
         for name, arg in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
             f.add_rule(eperm, name, sc.Arg(arg, sc.MASKED_EQ, _MSG_FASTOPEN, _MSG_FASTOPEN))
     _add_socket_rules(f, sc, eperm, deny_inet, udp and supervised and net_supervised,
-                      icmp and supervised and net_supervised)
+                      icmp and supervised and net_supervised, deny_unix)
     with tempfile.TemporaryFile() as tmp:
         f.export_bpf(tmp)
         tmp.seek(0)
         return tmp.read()
 
 
-def _add_socket_rules(f, sc, eperm, deny_inet: bool, udp: bool, icmp: bool) -> None:
+def _add_socket_rules(f, sc, eperm, deny_inet: bool, udp: bool, icmp: bool,
+                      deny_unix: bool = False) -> None:
     """socket(): only _ALLOWED_FAMILIES; AF_INET/AF_INET6 as TCP, and as UDP or ICMP-ping
     datagram sockets only when the policy has such rules (never raw or packet).
 
@@ -301,6 +306,8 @@ def _add_socket_rules(f, sc, eperm, deny_inet: bool, udp: bool, icmp: bool) -> N
     allowed = _ALLOWED_FAMILIES
     if deny_inet:
         allowed = (socket.AF_UNIX, socket.AF_NETLINK)
+    if deny_unix:
+        allowed = tuple(a for a in allowed if a != socket.AF_UNIX)
     for family in range(_AF_MAX):
         if family not in allowed:
             f.add_rule(eperm, "socket", sc.Arg(0, sc.MASKED_EQ, _LOW32, family))

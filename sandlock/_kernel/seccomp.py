@@ -9,7 +9,7 @@ import ctypes
 import errno
 import os
 
-from .syscall import NR_SECCOMP, libc, syscall
+from .syscall import NR_SECCOMP, libc, syscall, syscall_errno
 
 GET_ACTION_AVAIL = 2
 
@@ -106,3 +106,18 @@ def notif_addfd_send(listener: int, notif_id: int, srcfd: int, cloexec: bool) ->
         if e.errno in (errno.ENOENT, errno.ESRCH):
             return False
         raise
+
+
+SET_MODE_FILTER = 1
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_filter(bpf: bytes) -> int:
+    """Install a BPF program (struct sock_filter[]) on the calling thread, without a
+    listener (COW clones run without the supervisor). 0 or -errno."""
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    return syscall_errno(NR_SECCOMP, SET_MODE_FILTER, 0, ctypes.byref(prog))

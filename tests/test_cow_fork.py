@@ -1,0 +1,163 @@
+"""COW fork and map-reduce: init_fn once, n confined copy-on-write clones, a reducer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandlock import PolicyError, Sandbox, system_devices, system_readable
+
+from conftest import PY
+
+STATE = {}
+
+
+def _init():
+    STATE["squares"] = [i * i for i in range(1000)]  # built once, shared by every clone
+    STATE["init_pid"] = os.getpid()
+
+
+def _square(clone_id):
+    assert os.environ["CLONE_ID"] == str(clone_id)
+    assert os.getppid() == STATE["init_pid"]  # a fork of the init process
+    print(STATE["squares"][clone_id])
+
+
+def mapper(work_fn=_square, init_fn=_init, **kw):
+    kw["fs_readable"] = system_readable() + list(kw.get("fs_readable") or [])
+    kw["fs_writable"] = system_devices() + list(kw.get("fs_writable") or [])
+    return Sandbox(init_fn=init_fn, work_fn=work_fn, **kw)
+
+
+def reducer(**kw):
+    kw["fs_readable"] = system_readable() + list(kw.get("fs_readable") or [])
+    kw["fs_writable"] = system_devices() + list(kw.get("fs_writable") or [])
+    return Sandbox(**kw)
+
+
+SUM = [PY, "-c", "import sys; print(sum(int(line) for line in sys.stdin))"]
+
+
+def test_fork_100_and_reduce_gives_the_right_answer():
+    clones = mapper().fork(100, timeout=60)
+    assert len(clones) == 100 and len(set(clones.pids)) == 100
+    r = reducer().reduce(SUM, clones, timeout=60)
+    assert r.success, r.stderr
+    assert int(r.stdout) == sum(i * i for i in range(100))
+    assert all(c.exit_code == 0 for c in clones)
+
+
+def test_each_clone_has_its_own_stdout_and_clone_id():
+    clones = mapper(work_fn=lambda i: print(f"clone {i} of {os.environ['CLONE_ID']}")).fork(
+        20, timeout=60).wait(timeout=60)
+    assert [c.stdout for c in clones] == [f"clone {i} of {i}\n".encode() for i in range(20)]
+    assert [c.id for c in clones] == list(range(20))
+
+
+def test_clones_cannot_read_what_the_mapper_policy_forbids(tmp_path):
+    public, secret = tmp_path / "public", tmp_path / "secret"
+    public.mkdir()
+    secret.mkdir()
+    (public / "data").write_text("public data\n")
+    (secret / "key").write_text("TOPSECRET\n")
+
+    def work(i):
+        print(open(public / "data").read().strip())  # positive control
+        try:
+            print(open(secret / "key").read())
+        except PermissionError:
+            print("denied")
+    clones = mapper(work_fn=work, init_fn=None, fs_readable=[str(public)]).fork(
+        5, timeout=60).wait(timeout=60)
+    for c in clones:
+        assert c.stdout == b"public data\ndenied\n"
+
+
+def test_init_fn_runs_confined_too(tmp_path):
+    secret = tmp_path / "key"
+    secret.write_text("TOPSECRET\n")
+
+    def init():
+        try:
+            STATE["leak"] = open(secret).read()
+        except PermissionError:
+            STATE["leak"] = "denied"
+    clones = mapper(work_fn=lambda i: print(STATE["leak"]), init_fn=init).fork(
+        3, timeout=60).wait(timeout=60)
+    assert {c.stdout for c in clones} == {b"denied\n"}
+
+
+def test_clones_inherit_no_open_file_of_the_parent(tmp_path):
+    outside = tmp_path / "outside.txt"
+    fd = os.open(outside, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        def work(i):
+            try:
+                os.write(fd, b"escaped\n")
+                print("wrote")
+            except OSError as e:
+                print("error", e.errno)
+        clones = mapper(work_fn=work, init_fn=None).fork(3, timeout=60).wait(timeout=60)
+    finally:
+        os.close(fd)
+    assert {c.stdout for c in clones} == {b"error 9\n"}  # EBADF: the fd was closed
+    assert outside.read_text() == ""
+
+
+def test_the_reducer_cannot_read_what_its_policy_forbids(tmp_path):
+    secret = tmp_path / "reducer-secret"
+    secret.write_text("TOPSECRET\n")
+    clones = mapper().fork(4, timeout=60)
+    r = reducer().reduce(["sh", "-c", f"cat; cat {secret}; echo rc=$?"], clones, timeout=60)
+    out = r.stdout.decode()
+    assert out.splitlines()[:4] == ["0", "1", "4", "9"]  # the clones' data went through
+    assert "TOPSECRET" not in out and out.splitlines()[-1] == "rc=1"
+
+
+def test_a_failing_clone_is_reported_and_others_finish():
+    def work(i):
+        if i == 2:
+            raise RuntimeError("boom")
+        print(i)
+    clones = mapper(work_fn=work, init_fn=None).fork(4, timeout=60).wait(timeout=60)
+    assert [c.exit_code for c in clones] == [0, 0, 1, 0]
+    assert clones[3].stdout == b"3\n"
+
+
+def test_a_failing_init_fn_raises_and_leaves_nothing_running():
+    def init():
+        raise ValueError("no model")
+    with pytest.raises(Exception, match="init_fn failed: ValueError: no model"):
+        mapper(init_fn=init).fork(3, timeout=60)
+
+
+def test_a_hanging_init_fn_is_bounded():
+    import time
+    with pytest.raises(Exception, match="did not complete within"):
+        mapper(init_fn=lambda: time.sleep(60)).fork(2, timeout=1)
+
+
+def test_clones_that_hang_are_killed_at_the_timeout():
+    import time
+    clones = mapper(work_fn=lambda i: time.sleep(60), init_fn=None).fork(3, timeout=30)
+    t0 = time.monotonic()
+    clones.wait(timeout=1)
+    assert time.monotonic() - t0 < 10
+    assert all(c.exit_code == -9 for c in clones)
+
+
+@pytest.mark.parametrize("kw, what", [
+    ({"net_allow": ["example.com:443"]}, "network rules naming hosts"),
+    ({"policy_fn": lambda e, c: None}, "policy_fn"),
+])
+def test_policies_that_need_the_supervisor_are_refused(kw, what):
+    with pytest.raises(PolicyError, match=what):
+        mapper(**kw).fork(2)
+
+
+def test_fork_needs_work_fn_and_a_positive_count():
+    with pytest.raises(PolicyError, match="work_fn"):
+        Sandbox(fs_readable=system_readable()).fork(2)
+    with pytest.raises(PolicyError, match="positive integer"):
+        mapper().fork(0)
