@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 HELPER := sandlock/_libexec/sandlock-exec
+FORKLOOP := sandlock/_libexec/libsandlock-fork.so
 
 .PHONY: setup helper demo test bench clean
 
@@ -17,10 +18,13 @@ $(BIN)/.installed: pyproject.toml scripts/setup-system
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat  # a .pth path entry: no import hook at every start
 	touch $@
 
-helper: $(HELPER)
+helper: $(HELPER) $(FORKLOOP)
 
 $(HELPER): sandlock/_libexec/sandlock-exec.c
 	cc -O2 -Wall -Wextra -Werror -static -o $@ $<
+
+$(FORKLOOP): sandlock/_libexec/forkloop.c
+	cc -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
 
 demo: setup
 	$(BIN)/python examples/demo.py
