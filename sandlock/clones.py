@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
+import gc
 import io
 import os
 import resource
@@ -320,6 +321,10 @@ def _init_main(conf, bpf, init_fn, work_fn, n, pipes, status_w, status_r, base):
         if init_fn is not None:
             init_fn()
         sys.stdout.flush() if sys.stdout else None
+        # Everything init_fn built becomes permanent for the collector: a clone's GC then
+        # never walks (and so never copies) those pages.
+        gc.collect()
+        gc.freeze()
         t0 = time.perf_counter_ns()
         i, pids = _fork_all(n)
         if i >= 0:
