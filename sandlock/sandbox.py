@@ -607,9 +607,15 @@ class _Workspace:
 
     def finish(self, session, success: bool) -> None:
         """Apply on_exit or on_error once every sandboxed task is gone."""
-        session.released.wait(self.RELEASE_WAIT)
         from . import cow
         action = self.on_exit if success else self.on_error
+        if not session.released.wait(self.RELEASE_WAIT):
+            # A task of the sandbox still runs (nothing may change the layer during a diff
+            # or a commit): leave the layer as it is.
+            self.action = BranchAction.KEEP
+            self.error = (f"sandboxed processes were still running after the program ended; "
+                          f"{action.value} not done, layer kept in {self.layer.root}")
+            return
         try:
             self.changes = cow.diff(self.layer)
             if self.max_disk is not None and action == BranchAction.COMMIT:

@@ -219,6 +219,48 @@ def test_the_layer_storage_is_not_reachable_from_the_sandbox(tree, tmp_path):
     CowLayer.open(root).discard()
 
 
+def _victim(tmp_path):
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "target").write_text("VICTIM\n")
+    (victim / "sub" / "precious").write_text("PRECIOUS\n")
+    os.chmod(victim / "target", 0o600)
+    return victim
+
+
+def test_planted_symlinks_never_redirect_a_copy_up_or_the_commit(tree, tmp_path):
+    """Symlinks to a file outside every grant, under every name the layer or the commit
+    might use for a temporary file: modifying and committing follow none of them."""
+    work = _copy(tree, tmp_path / "work")
+    victim = _victim(tmp_path)
+    target = victim / "target"
+    names = ["readme.txt.sandlock-copyup", ".readme.txt.sandlock-x", "moved.sandlock-copyup",
+             ".sl-new-0-0", ".sl-old-0-0"]
+    script = "".join(f"ln -s {target} {n}; " for n in names) +         "echo more >> readme.txt; mv data/keep.csv moved; echo z >> moved; truncate -s 1 big.txt"
+    r = cow_box(work, tmp_path / "store").run(["sh", "-c", script])
+    assert r.success, (r.stderr, r.denials)
+    assert target.read_text() == "VICTIM\n" and stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    assert (work / "readme.txt").read_text() == "hello\nmore\n"  # control: committed
+    assert (work / "moved").read_text() == "c,d\nz\n" and (work / "big.txt").read_text() == "1"
+    assert os.readlink(work / names[0]) == str(target)  # the links themselves, as made
+
+
+def test_commit_never_follows_a_directory_the_sandbox_replaced_by_a_symlink(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    victim = _victim(tmp_path)
+    os.makedirs(work / "d" / "sub")
+    (work / "d" / "target").write_text("old\n")
+    (work / "d" / "sub" / "precious").write_text("old\n")
+    r = cow_box(work, tmp_path / "store").run(
+        ["sh", "-c", f"mv d d2 && ln -s {victim} d && echo new > notes/todo.txt"])
+    assert r.success, r.stderr
+    assert (victim / "target").read_text() == "VICTIM\n"
+    assert (victim / "sub" / "precious").read_text() == "PRECIOUS\n"
+    assert os.readlink(work / "d") == str(victim)  # what the sandbox made, as a link
+    assert (work / "d2" / "target").read_text() == "old\n"
+    assert (work / "notes" / "todo.txt").read_text() == "new\n"  # control
+
+
 def test_racing_path_rewrites_never_open_a_denied_file(tree, tmp_path):
     """A thread flips the path between a workdir file and a denied one while the main
     thread opens it: the supervisor acts on its one copy; the kernel never re-reads a path
@@ -507,3 +549,45 @@ def test_commit_killed_at_random_points_never_leaves_a_half_written_file(tmp_pat
         assert not [n for n in os.listdir(work / "d") if "sandlock" in n]
         assert not os.path.exists(root) and not interrupted(root)
     assert killed_mid >= 5, f"only {killed_mid} kills landed mid-commit: the test is blind"
+
+
+def test_fifos_in_the_workspace_block_only_their_caller(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    os.mkfifo(work / "lower-fifo")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", "mkfifo p; (sleep 0.3; echo through-upper > p) & cat p; "
+                     "(sleep 0.3; echo through-lower > lower-fifo) & cat lower-fifo; wait"],
+        timeout=20)
+    assert r.stdout.decode().split() == ["through-upper", "through-lower"], (r.stderr,
+                                                                            r.denials)
+
+
+def test_spellings_and_edge_paths_behave_as_on_the_real_filesystem(tree, tmp_path):
+    """The same script inside (on the layer) and outside (on a copy): odd spellings of
+    workdir paths, a trailing slash on a file, a symlink leading out and `..` after it,
+    touch -d (a metadata-only change, committed), and /proc/self behind a symlink."""
+    script = ("echo one > a.txt; cat ./a.txt .//a.txt; cat a.txt/ 2>/dev/null; echo rc=$?; "
+              "rm a.txt/ 2>/dev/null; echo rc=$?; mkdir -p x/y; ln -s x/y ly; "
+              "echo z > ly/../z.txt; cat x/z.txt; touch -d 2001-01-01 readme.txt; "
+              "stat -c %Y readme.txt")
+    outside = _copy(tree, tmp_path / "outside")
+    expected = subprocess.run(["sh", "-c", script], cwd=outside, capture_output=True).stdout
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store").run(["sh", "-c", script])
+    assert r.stdout == expected, (r.stdout, expected, r.stderr, r.denials)
+    assert snapshot(work, mtimes=False) == snapshot(outside, mtimes=False)
+    assert os.stat(work / "readme.txt").st_mtime == os.stat(outside / "readme.txt").st_mtime
+    assert "readme.txt" in {c.path for c in r.changes}  # touch -d alone is a change
+
+
+def test_proc_self_behind_a_workdir_symlink_is_never_the_supervisors(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    os.symlink("/proc/self/environ", work / "env")
+    os.environ["SANDLOCK_TEST_SUPERVISOR_SECRET"] = "SUPERSECRET"
+    try:
+        r = cow_box(work, tmp_path / "store", clean_env=True,
+                    on_exit=BranchAction.ABORT).run(["sh", "-c", "cat env; echo rc=$?"])
+    finally:
+        del os.environ["SANDLOCK_TEST_SUPERVISOR_SECRET"]
+    assert b"SUPERSECRET" not in r.stdout
+    assert r.stdout.decode().splitlines()[-1] == "rc=1"

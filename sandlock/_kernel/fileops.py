@@ -18,8 +18,10 @@ NR_OPENAT2 = 437
 AT_FDCWD = -100
 AT_SYMLINK_NOFOLLOW = 0x100
 AT_EMPTY_PATH = 0x1000
+RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 
@@ -62,6 +64,15 @@ def open_no_symlinks(path: str, flags: int, mode: int = 0) -> int:
     how = _OpenHow(flags, mode if flags & (0o100 | 0o20000000) else 0,
                    RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
     return syscall(NR_OPENAT2, AT_FDCWD, os.fsencode(path), ctypes.byref(how),
+                   ctypes.c_size_t(ctypes.sizeof(how)))
+
+
+def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
+    """openat2(dirfd, path) that must stay beneath dirfd and cross no symlink at all
+    (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): ELOOP or EXDEV otherwise."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & (0o100 | 0o20000000) else 0,
+                   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    return syscall(NR_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
                    ctypes.c_size_t(ctypes.sizeof(how)))
 
 

@@ -3,7 +3,7 @@ the run's outcome decides what happens to the layer (commit, abort, keep, defer)
 
 - layer.py    the upper tree and how a sandbox path resolves in it
 - changes.py  what the layer changed, compared with the workdir
-- commit.py   applying the layer to the workdir, crash-safely
+- committing.py  applying the layer to the workdir, crash-safely
 
 The syscalls that reach the layer are handled in sandlock.supervisor.cow_calls.
 """
@@ -11,14 +11,21 @@ The syscalls that reach the layer are handled in sandlock.supervisor.cow_calls.
 from __future__ import annotations
 
 import os
-import secrets
 
-from .changes import Change, diff, table
-from .commit import commit, interrupted
-from .layer import DISCARDING, CowLayer, remove_tree
+# Loaded on first use: the supervisor imports sandlock.cow.location at every start.
+_LAZY = {"Change": "changes", "diff": "changes", "table": "changes", "commit": "committing",
+         "interrupted": "committing", "CowLayer": "layer"}
 
 __all__ = ["Change", "CowLayer", "commit", "create", "diff", "interrupted", "table",
            "default_storage"]
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(name)
+    import importlib
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def default_storage() -> str:
@@ -30,7 +37,9 @@ def default_storage() -> str:
     return os.path.join(base, "sandlock", "cow")
 
 
-def create(workdir: str, storage: str, name: str | None) -> CowLayer:
+def create(workdir: str, storage: str, name: str | None):
+    import secrets
+    from .layer import DISCARDING, CowLayer, remove_tree
     os.makedirs(storage, mode=0o700, exist_ok=True)
     for entry in os.listdir(storage):  # remains of removals that were interrupted
         if entry.endswith(DISCARDING):

@@ -21,6 +21,7 @@ class Entry:
     mode: int            # permission bits
     size: int
     digest: str = ""     # sha256 of a file's content; a symlink's target
+    mtime_ns: int = 0    # files: a touch is a change too
     source: str = field(default="", repr=False, compare=False)  # real path of the content
 
 
@@ -52,12 +53,20 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-def sha256_file(path: str) -> str:
+def sha256_fd(fd: int) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
     return h.hexdigest()
+
+
+def sha256_file(path: str) -> str:
+    """The content digest of a regular file (its last component is never followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        return sha256_fd(fd)
+    finally:
+        os.close(fd)
 
 
 def entry(path: str, content_from: str | None = None) -> Entry:
@@ -71,7 +80,7 @@ def entry(path: str, content_from: str | None = None) -> Entry:
     elif kind == "symlink":
         digest = os.readlink(real)
     return Entry(kind, stat.S_IMODE(st.st_mode), st.st_size if kind == "file" else 0, digest,
-                 real)
+                 st.st_mtime_ns if kind == "file" else 0, real)
 
 
 def _upper_entry(layer: CowLayer, upath: str) -> Entry:

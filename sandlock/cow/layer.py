@@ -27,35 +27,15 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
 import shutil
 import stat
 import threading
-from dataclasses import dataclass
 
 from .._kernel.fileops import open_no_symlinks
 
-ORIGIN = "user.sandlock.origin"    # on placeholders and pending directories: lower relpath
-PENDING = "user.sandlock.pending"  # on directories not yet materialized
-XATTR_PREFIX = "user.sandlock."
-MAX_LINKS = 40
-
-UPPER, LOWER, MISSING, OUTSIDE = "upper", "lower", "missing", "outside"
-# UPPER: `real` is an upper entry; LOWER: `real` is in the workdir (a placeholder's origin,
-# or anything below a directory the sandbox never changed); `upper` is where the entry is
-# or will be in the upper tree; `rel` is the symlink-free path below the workdir.
-
-
-@dataclass(frozen=True)
-class Loc:
-    """Where a sandbox path lives. UPPER: `real` is an upper entry (directory, private file,
-    symlink, fifo); LOWER: `real` is in the workdir (a placeholder's origin, or an entry
-    below a directory never changed: files, directories, symlinks) and `upper` is where its
-    upper entry is or will be; MISSING: nothing there yet, `real` is the upper path it
-    would get (after concrete()); OUTSIDE: the path left the workdir, `real` is where."""
-    kind: str
-    real: str
-    upper: str = ""
-    rel: str = ""   # the path relative to the workdir (UPPER, LOWER, MISSING)
+from .location import (LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PENDING, UPPER,  # noqa: F401
+                       XATTR_PREFIX, Loc)
 
 
 def _xattr(path: str, name: str) -> str | None:
@@ -113,7 +93,12 @@ class CowLayer:
 
     def relative(self, path: str) -> str | None:
         """`path` (absolute, unresolved) relative to the workdir when it is spelled under
-        the workdir or under the upper tree; None otherwise. '..' is left for resolve()."""
+        the workdir or under the upper tree; None otherwise. Empty and '.' components are
+        dropped first ('a//b/./c' is 'a/b/c' for the kernel too); '..' is left for
+        resolve(), and a trailing '/' is kept (it requires a directory)."""
+        if "//" in path or "/./" in path or path.endswith("/."):
+            trail = "/" if path.endswith(("/", "/.")) else ""
+            path = "/" + "/".join(c for c in path.split("/") if c not in ("", ".")) + trail
         for top in (self.lower, self.upper):
             if path == top:
                 return ""
@@ -236,6 +221,7 @@ class CowLayer:
         base_lower = self._lower_of(root_origin) if root_origin is not None else None
         parts = [c for c in rel.split("/") if c]
         links = 0
+        must_be_dir = rel.endswith("/")  # "file/" is ENOTDIR, as for the kernel
 
         def here():
             return frames[-1][1] if frames else base_lower
@@ -284,7 +270,7 @@ class CowLayer:
                     origin = self._pending_origin(path, st.st_ino)
                     frames.append((comp, None if origin is None else self._lower_of(origin)))
                 continue
-            if not last:
+            if not last or must_be_dir:
                 raise OSError(errno.ENOTDIR, "Not a directory")
             names = "/".join([f[0] for f in frames] + [comp])
             if lower_dir is not None:
@@ -316,39 +302,46 @@ class CowLayer:
         return Loc(loc.kind, loc.real if loc.kind != MISSING else up, up, loc.rel)
 
     def _outside(self, base: str, rest: list[str]) -> Loc:
-        path = os.path.normpath(os.path.join(base, *rest)) if rest else os.path.normpath(base)
-        inner = self.relative(path)
-        if inner is not None:  # came back in (e.g. workdir/../workdir/x)
-            return self.resolve(inner, follow_last=True)
-        return Loc(OUTSIDE, path)
+        """The path left the workdir at `base`: the rest is for the caller to resolve as
+        the sandbox's kernel would (never lexically: `..` after a symlink is not `..`)."""
+        return Loc(OUTSIDE, base.rstrip("/") + "/" + "/".join(rest) if rest else base)
 
     # --- changing the upper tree -----------------------------------------------------------
 
     def copy_up(self, loc: Loc) -> Loc:
-        """Replace a placeholder by a private copy of its origin (same mode, owner, times)."""
+        """Replace a placeholder by a private copy of its origin (content, mode, owner,
+        times, xattrs). The copy is made in the layer's private scratch directory, which the
+        sandbox cannot name, and renamed over the placeholder in one step."""
         if loc.kind not in (LOWER, UPPER):
             return loc
         loc = self.concrete(loc)
         if loc.kind != LOWER:
             return loc
         src, dst = loc.real, loc.upper
-        tmp = dst + ".sandlock-copyup"
-        st = os.stat(src)
-        with open(src, "rb") as fin:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        tmp = self.scratch_name()
+        fin = open_no_symlinks(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fin)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EPERM, "only regular files are copied up")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
             try:
-                with os.fdopen(fd, "wb", closefd=False) as fout:
-                    shutil.copyfileobj(fin, fout, 1 << 20)
-                try:
-                    os.fchown(fd, st.st_uid, st.st_gid)
-                except PermissionError:
-                    pass
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))
-                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+                copy_data(fin, fd)
+                copy_metadata(fin, fd, st)
             finally:
                 os.close(fd)
+        finally:
+            os.close(fin)
         os.rename(tmp, dst)  # the placeholder (and its origin xattr) goes in one step
         return Loc(UPPER, dst, dst, loc.rel)
+
+    def scratch_name(self) -> str:
+        """A fresh path in the layer's scratch directory (same filesystem as the upper tree,
+        outside it: nothing the sandbox names can collide with it)."""
+        scratch = os.path.join(self.root, "scratch")
+        os.makedirs(scratch, mode=0o700, exist_ok=True)
+        return os.path.join(scratch, secrets.token_hex(8))
 
     def stat_path(self, loc: Loc) -> str:
         """The real path whose stat is the sandbox path's."""
@@ -382,6 +375,35 @@ class CowLayer:
 
 
 DISCARDING = ".discarding"
+
+
+def copy_data(src_fd: int, dst_fd: int) -> None:
+    while True:
+        chunk = os.read(src_fd, 1 << 20)
+        if not chunk:
+            return
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst_fd, view):]
+
+
+def copy_metadata(src_fd: int, dst_fd: int, st) -> None:
+    """Owner (when permitted), mode, times and xattrs (except the layer's own)."""
+    try:
+        os.fchown(dst_fd, st.st_uid, st.st_gid)
+    except PermissionError:
+        pass
+    try:
+        for name in os.listxattr(src_fd):
+            if not name.startswith(XATTR_PREFIX):
+                try:
+                    os.setxattr(dst_fd, name, os.getxattr(src_fd, name))
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    os.fchmod(dst_fd, stat.S_IMODE(st.st_mode))
+    os.utime(dst_fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def remove_tree(path: str) -> None:

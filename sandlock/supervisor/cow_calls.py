@@ -26,11 +26,12 @@ import os
 import stat
 import struct
 
-from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, renameat2
-from ..cow.layer import LOWER, MISSING, OUTSIDE, UPPER, Loc
+from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fchmod_fd,
+                               open_no_symlinks, renameat2)
+from ..cow.location import LOWER, MISSING, OUTSIDE, UPPER, Loc
 from . import cow_reads
 from .cow_paths import located, quota, rel_of, runtime_path_check, spelled, umask_of
-from .network import CONTINUE, Inject
+from .network import CONTINUE, Defer, Inject
 from .request import Denied, Request
 
 AT_REMOVEDIR = 0x200
@@ -53,10 +54,17 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int)
     follow = not (flags & os.O_NOFOLLOW) and not excl
     writes = acc != os.O_RDONLY or bool(flags & os.O_TRUNC)
     with layer.lock:
-        loc = located(session, rel, follow, writes or creat)
+        loc = located(session, req, rel, follow, writes or creat)
         runtime_path_check(session, loc)
         if loc.kind == OUTSIDE:
-            fd = layer.open_real(loc.real, flags, mode & ~umask_of(req) & 0o7777)
+            fd = layer.open_real(loc.real, flags | os.O_NONBLOCK, mode & ~umask_of(req) & 0o7777)
+            st = os.fstat(fd)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                os.close(fd)  # devices, FIFOs, sockets: only through the kernel's own checks
+                raise Denied(errno.EACCES, f"{loc.real}: only files and directories are "
+                                           f"reached through a symlink in the workdir")
+            if not flags & os.O_NONBLOCK:
+                os.set_blocking(fd, True)
             return Inject(fd, bool(flags & os.O_CLOEXEC))
         if loc.kind == MISSING:
             if not creat:
@@ -70,7 +78,10 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int)
             raise OSError(errno.EEXIST, "File exists")
         if loc.kind == LOWER:
             if not writes:  # an untouched file or directory: the workdir's own
-                fd = layer.open_real(loc.real, flags & ~(os.O_CREAT | os.O_TRUNC))
+                oflags = flags & ~(os.O_CREAT | os.O_TRUNC)
+                if stat.S_ISFIFO(os.lstat(loc.real).st_mode) and not flags & os.O_NONBLOCK:
+                    return _fifo_open(layer, loc.real, oflags)
+                fd = layer.open_real(loc.real, oflags)
                 return Inject(fd, bool(flags & os.O_CLOEXEC))
             quota(session)
             if stat.S_ISDIR(os.lstat(loc.real).st_mode):
@@ -84,9 +95,36 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int)
         if stat.S_ISDIR(os.lstat(loc.real).st_mode) and not flags & os.O_PATH:
             layer._materialize(loc.real)
         tmpfile = flags & O_TMPFILE_BIT == O_TMPFILE_BIT
-        fd = layer.open_real(loc.real, flags if tmpfile else flags & ~os.O_CREAT,
-                             mode & ~umask_of(req) & 0o7777)
+        oflags = flags if tmpfile else flags & ~os.O_CREAT
+        if stat.S_ISFIFO(os.lstat(loc.real).st_mode) and not flags & os.O_NONBLOCK:
+            return _fifo_open(layer, loc.real, oflags)
+        fd = layer.open_real(loc.real, oflags, mode & ~umask_of(req) & 0o7777)
         return Inject(fd, bool(flags & os.O_CLOEXEC))
+
+
+class _FifoGuard:
+    """A blocking FIFO open waits on a worker for its peer; if the caller goes away, abort()
+    plays the peer (O_RDWR never blocks on a FIFO) so the worker is released."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def abort(self) -> None:
+        try:
+            os.close(open_no_symlinks(self.path, os.O_RDWR | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        pass
+
+
+def _fifo_open(layer, real: str, flags: int):
+    """Opening a FIFO blocks until the other end is opened, which may be this sandbox's
+    next call: it waits on a worker, never on the supervisor's loop."""
+    def finish():
+        return Inject(layer.open_real(real, flags), bool(flags & os.O_CLOEXEC))
+    return Defer(finish, _FifoGuard(real))
 
 
 def open_(req, session):
@@ -132,20 +170,34 @@ def _create_at(req, session, dirfd, path_arg, make):
     if rel is None:
         return CONTINUE
     with session.cow.lock:
-        loc = located(session, rel, False, True)
+        loc = located(session, req, rel, False, True)
         if loc.kind != MISSING and loc.kind != OUTSIDE:
             raise OSError(errno.EEXIST, "File exists")
         quota(session)
         if loc.kind == MISSING:
             loc = session.cow.concrete(loc)
-        make(loc.real, umask_of(req))
+        # Created through its parent, opened with no symlink on the way: a path resolved
+        # and checked above is not re-resolved (a directory swapped meanwhile -> ELOOP).
+        parent = open_no_symlinks(os.path.dirname(loc.real), os.O_PATH | os.O_DIRECTORY)
+        try:
+            make(parent, os.path.basename(loc.real), umask_of(req))
+        finally:
+            os.close(parent)
     return 0
 
 
+def _set_mode(parent: int, name: str, mode: int) -> None:
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        fchmod_fd(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def _mkdir(mode):
-    def make(real, umask):
-        os.mkdir(real, 0o700)
-        os.chmod(real, mode & ~umask & 0o7777)
+    def make(parent, name, umask):
+        os.mkdir(name, 0o700, dir_fd=parent)
+        _set_mode(parent, name, mode & ~umask & 0o7777)
     return make
 
 
@@ -162,9 +214,9 @@ def _mknod(mode, dev):
     if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK):
         raise Denied(errno.EPERM, "device nodes are never created from a sandbox")
 
-    def make(real, umask):
-        os.mknod(real, kind | 0o600, dev)
-        os.chmod(real, mode & ~umask & 0o777)
+    def make(parent, name, umask):
+        os.mknod(name, kind | 0o600, dev, dir_fd=parent)
+        _set_mode(parent, name, mode & ~umask & 0o777)
     return make
 
 
@@ -177,8 +229,8 @@ def mknodat(req, session):
 
 
 def _symlink(target: bytes):
-    def make(real, umask):
-        os.symlink(target, real)
+    def make(parent, name, umask):
+        os.symlink(target, name, dir_fd=parent)
     return make
 
 
@@ -197,7 +249,7 @@ def _remove(req, session, dirfd, path_arg, directory: bool):
         return CONTINUE
     layer = session.cow
     with layer.lock:
-        loc = _inside(session, located(session, rel, False, True))
+        loc = _inside(session, located(session, req, rel, False, True))
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if loc.upper == layer.upper:
@@ -242,8 +294,8 @@ def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
     layer = session.cow
     with layer.lock:
-        old = _inside(session, located(session, orel, False, True))
-        new = _inside(session, located(session, nrel, False, True))
+        old = _inside(session, located(session, req, orel, False, True))
+        new = _inside(session, located(session, req, nrel, False, True))
         if old.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if layer.upper in (old.upper, new.upper):
@@ -281,8 +333,8 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
     layer = session.cow
     with layer.lock:
-        old = _inside(session, located(session, orel, follow, True))
-        new = _inside(session, located(session, nrel, False, True))
+        old = _inside(session, located(session, req, orel, follow, True))
+        new = _inside(session, located(session, req, nrel, False, True))
         if old.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if new.kind != MISSING:
@@ -318,7 +370,7 @@ def truncate(req, session):
     if length >= 1 << 63:
         raise OSError(errno.EINVAL, "Invalid argument")
     with session.cow.lock:
-        loc = located(session, rel, True, True)
+        loc = located(session, req, rel, True, True)
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         quota(session)
@@ -338,7 +390,7 @@ def metadata_target(req, session, dirfd: int, path: bytes, follow: bool) -> int 
     if rel is None:
         return None
     with session.cow.lock:
-        loc = located(session, rel, follow, True)
+        loc = located(session, req, rel, follow, True)
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if loc.kind != OUTSIDE:

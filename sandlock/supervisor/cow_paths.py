@@ -15,10 +15,10 @@ import os
 from .._kernel import memory
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
 from .._kernel.syscall import syscall
-from ..cow.layer import OUTSIDE, Loc
+from ..cow.location import OUTSIDE, Loc
 from ..fs_rules import is_beneath
-from .paths import Unresolvable, directory_of
-from .request import Denied, Request
+from .paths import Unresolvable, directory_of, resolve
+from .request import Denied, Request, thread_group
 
 NR_NEWFSTATAT = 262
 NR_STATX = 332
@@ -48,6 +48,8 @@ def spelled(req: Request, dirfd: int, path: bytes) -> str:
         base = directory_of(req.pid, dirfd, AT_FDCWD)
     except Unresolvable as e:
         raise Denied(errno.EBADF, str(e)) from None
+    if base.endswith(" (deleted)"):
+        raise OSError(errno.ENOENT, "No such file or directory")  # a removed directory
     return base.rstrip("/") + "/" + text if text else base
 
 
@@ -60,11 +62,29 @@ def rel_of(session, req: Request, dirfd: int, path: bytes) -> str | None:
 
 # --- decide on a path that left the workdir ------------------------------------------------
 
-def _outside(session, loc: Loc, write: bool, follow: bool = True) -> str:
-    """The real path of an OUTSIDE location, if the sandbox's own rules let it be reached."""
-    path = loc.real
-    real = os.path.realpath(path) if follow else os.path.join(
-        os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+def _outside_real(req: Request, path: str, follow: bool) -> str:
+    """Resolve a path that left the workdir the way the child's kernel would (symlinks and
+    `..` component by component, /proc/self as the child's own; supervisor.paths)."""
+    tgid = thread_group(req.pid)
+    try:
+        real = resolve(tgid, req.pid, "/", path, follow_last=follow)
+    except Unresolvable as e:
+        raise Denied(errno.EACCES, str(e)) from None
+    if real is None:
+        raise OSError(errno.ENOENT, "No such file or directory")
+    if not real.startswith("/"):
+        raise Denied(errno.EACCES, f"{path} leads to {real}")
+    if real == "/proc" or real.startswith("/proc/"):
+        # The supervisor is outside the sandbox's Landlock domain: its view of /proc is not
+        # the sandbox's (other processes' entries), so /proc is never reached this way.
+        raise Denied(errno.EACCES, f"{path}: /proc is not followed through a symlink in "
+                                   f"the workdir")
+    return real
+
+
+def _outside(session, real: str, write: bool) -> str:
+    """`real` (resolved, outside the workdir) if the sandbox's own rules let it be reached,
+    the test Landlock applies to the sandbox itself."""
     policy = session.policy
     if any(is_beneath(real, d) for d in policy.fs_denied):
         raise Denied(errno.EACCES, f"{real} is in fs_denied")
@@ -75,17 +95,23 @@ def _outside(session, loc: Loc, write: bool, follow: bool = True) -> str:
     return real
 
 
-def located(session, rel: str, follow: bool, write: bool, inspect: bool = False) -> Loc:
-    """Resolve; a path that left the workdir must pass the sandbox's rules, except for
-    `inspect` calls (stat, access, readlink, getxattr), which Landlock does not govern
-    either: the kernel would answer them for the sandbox anywhere."""
-    loc = session.cow.resolve(rel, follow_last=follow)
-    if loc.kind == OUTSIDE:
-        if inspect:
-            real = loc.real if not follow else os.path.realpath(loc.real)
-            return Loc(OUTSIDE, real)
-        return Loc(OUTSIDE, _outside(session, loc, write, follow))
-    return loc
+def located(session, req: Request, rel: str, follow: bool, write: bool,
+            inspect: bool = False) -> Loc:
+    """Resolve in the sandbox's view. A path that leaves the workdir is resolved further as
+    the child's kernel would; if it comes back into the workdir it is resolved in the layer
+    again; otherwise it must pass the sandbox's rules, except for `inspect` calls (stat,
+    access, readlink, getxattr), which Landlock does not govern either."""
+    layer = session.cow
+    for _ in range(8):
+        loc = layer.resolve(rel, follow_last=follow)
+        if loc.kind != OUTSIDE:
+            return loc
+        real = _outside_real(req, loc.real, follow)
+        back = layer.relative(real)
+        if back is None:
+            return Loc(OUTSIDE, real if inspect else _outside(session, real, write))
+        rel = back
+    raise OSError(errno.ELOOP, "Too many levels of symbolic links")
 
 
 def quota(session) -> None:

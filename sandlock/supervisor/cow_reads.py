@@ -10,7 +10,7 @@ import errno
 import os
 
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
-from ..cow.layer import MISSING, XATTR_PREFIX
+from ..cow.location import MISSING, XATTR_PREFIX
 from .cow_paths import (STAT_SIZE, STATX_SIZE, located, raw_stat, rel_of, write_child)
 from .network import CONTINUE
 
@@ -27,7 +27,7 @@ def _stat_common(req, session, dirfd, path_arg, buf_arg, at_flags, statx_args=No
     if rel is None:
         return CONTINUE
     with session.cow.lock:
-        loc = located(session, rel, not at_flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
+        loc = located(session, req, rel, not at_flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         raw = raw_stat(loc.real, STATX_SIZE if statx_args else STAT_SIZE, statx_args)
@@ -59,7 +59,7 @@ def _access(req, session, dirfd, path_arg, mode, flags):
     if rel is None:
         return CONTINUE
     with session.cow.lock:
-        loc = located(session, rel, not flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
+        loc = located(session, req, rel, not flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         # A placeholder answers for the lower file: writable if that file is (copy-up).
@@ -90,7 +90,7 @@ def _readlink(req, session, dirfd, path_arg, buf_arg, size_arg):
     if size <= 0:
         raise OSError(errno.EINVAL, "Invalid argument")
     with session.cow.lock:
-        loc = located(session, rel, False, False, inspect=True)
+        loc = located(session, req, rel, False, False, inspect=True)
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         target = os.fsencode(os.readlink(loc.real))
@@ -116,7 +116,7 @@ def _getxattr(follow):
         name = os.fsdecode(req.read_path(1))
         size = req.args[3]
         with session.cow.lock:
-            loc = located(session, rel, follow, False, inspect=True)
+            loc = located(session, req, rel, follow, False, inspect=True)
             if loc.kind == MISSING:
                 raise OSError(errno.ENOENT, "No such file or directory")
             if name.startswith(XATTR_PREFIX):
@@ -140,7 +140,7 @@ def _listxattr(follow):
             return CONTINUE
         size = req.args[2]
         with session.cow.lock:
-            loc = located(session, rel, follow, False, inspect=True)
+            loc = located(session, req, rel, follow, False, inspect=True)
             if loc.kind == MISSING:
                 raise OSError(errno.ENOENT, "No such file or directory")
             names = [n for n in os.listxattr(loc.real, follow_symlinks=False)

@@ -26,7 +26,7 @@ import threading
 import time
 
 from .._kernel import caps, seccomp
-from . import connect, cow_calls, execve, lifecycle, metadata, opens, send
+from . import connect, execve, lifecycle, metadata, opens, send
 from .freeze import Freeze, FreezeError
 from .network import CONTINUE, Defer, Frozen, Inject
 from .request import Denied, Request, thread_group
@@ -39,27 +39,31 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
                      lifecycle.HANDLERS, opens.HANDLERS):
         for name, handler in handlers.items():
             table[syscall_number(name)] = (name, handler)
-    for name, handler in cow_calls.HANDLERS.items():
+    from ..syscall_filter import COW_SYSCALLS
+    for name in COW_SYSCALLS:
+        if name in ("execve", "execveat"):
+            continue
         nr = syscall_number(name)
-        table[nr] = (name, _with_workspace(handler, table.get(nr, (name, None))[1]))
+        table[nr] = (name, _with_workspace(name, table.get(nr, (name, None))[1]))
     for name in ("execve", "execveat"):
         nr = syscall_number(name)
         table[nr] = (name, _exec_in_workspace(name, table[nr][1]))
     return table
 
 
-def _with_workspace(cow_handler, other):
+def _with_workspace(name, other):
     """A call the copy-on-write layer serves in a sandbox with a workdir; otherwise the
     handler it has without one (a policy_fn's opens), if any. A policy_fn's file event is
-    decided before the layer acts."""
+    decided before the layer acts. The workspace's modules load with the first such call."""
     def handler(req, session):
         if session.cow is None:
             if other is None:
                 raise Denied(errno.ENOSYS, "no handler for this syscall")
             return other(req, session)
+        from . import cow_calls
+        cow_handler = cow_calls.HANDLERS[name]
         if other is None or session.runtime is None:
             return cow_handler(req, session)
-        name = _name_of(req)
         opens.decide_event(req, session, name)
         result = cow_handler(req, session)  # checks the callback's denied paths itself
         if result is CONTINUE and session.runtime.denied_paths:
@@ -68,17 +72,10 @@ def _with_workspace(cow_handler, other):
     return handler
 
 
-def _name_of(req) -> str:
-    from ..syscall_filter import syscall_number
-    for name in ("open", "openat", "openat2", "creat"):
-        if syscall_number(name) == req.nr:
-            return name
-    raise Denied(errno.ENOSYS, "not an open")
-
-
 def _exec_in_workspace(name, other):
     def handler(req, session):
         if session.cow is not None:
+            from . import cow_calls
             if name == "execve":
                 cow_calls.execve_check(req, session, -100, 0, 0)
             else:

@@ -1,0 +1,277 @@
+"""Applying a copy-on-write layer to the real workdir, crash-safely.
+
+Invariants:
+- Nothing in the workdir is touched before the plan is on disk (commit.json, written to a
+  temporary name, fsynced and renamed): a commit interrupted at any point is finished by
+  running it again (`CowLayer.open(root)` then `commit(layer)`, or `sandlock workspace
+  commit`), which replays the same plan.
+- Every step is idempotent, and a file's content reaches its path by rename(2) from a
+  fully written, fsynced temporary file in the same directory: at every instant each path
+  holds either the old file or the new one, never a mix.
+- Every step acts through a directory fd opened beneath the workdir with no symlink on the
+  way (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) and on the last component without
+  following it: a symlink anywhere in the tree, whoever put it there, is never followed
+  out of the workdir. A step whose parent is no longer a directory there has nothing
+  left to do (the directory was replaced by an earlier step).
+- The plan reads only the upper tree (no symlinks followed either): placeholders that
+  will be copied somewhere are copied up first, so replacing a workdir file can never
+  change the source of another step.
+- The upper tree is removed only after the last step (commit.json is renamed to
+  commit.done first, so a retry knows only the removal is left).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import shutil
+import stat
+
+from .._kernel.fileops import open_beneath
+from .changes import Change, diff, sha256_fd
+from .layer import CowLayer, copy_data, copy_metadata
+
+PLAN, DONE = "commit.json", "commit.done"
+
+
+def _check_rel(rel: str) -> str:
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"refusing to commit the path {rel!r}")
+    return rel
+
+
+class _Parent:
+    """The directory holding `rel`, opened safely beneath the workdir; None if gone."""
+
+    def __init__(self, root_fd: int, rel: str):
+        _check_rel(rel)
+        head, self.name = os.path.split(rel)
+        self.fd = -1
+        try:
+            self.fd = open_beneath(root_fd, head or ".", os.O_PATH | os.O_DIRECTORY)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV):
+                raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd >= 0:
+            os.close(self.fd)
+
+    def lstat(self):
+        try:
+            return os.stat(self.name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+
+def _plan(layer: CowLayer, changes: list[Change]) -> dict:
+    ops = []
+    for c in changes:  # sorted by path: parents before children
+        if c.after is not None and c.after.kind == "dir":
+            ops.append({"op": "dir", "path": c.path, "mode": c.after.mode})
+    linked: dict[tuple, str] = {}  # hard links made inside stay links: inode -> first path
+    for c in changes:
+        a = c.after
+        if a is None or a.kind == "dir":
+            continue
+        source = a.source
+        if not (source == layer.upper or source.startswith(layer.upper + "/")):
+            source = _copy_up_source(layer, c.path)
+        op = {"op": "place", "path": c.path, "kind": a.kind, "mode": a.mode,
+              "digest": a.digest, "source": source, "mtime_ns": a.mtime_ns}
+        st = os.lstat(source)
+        if a.kind == "file" and st.st_nlink > 1:
+            first = linked.setdefault((st.st_dev, st.st_ino), c.path)
+            if first != c.path:
+                op["link_to"] = first
+        ops.append(op)
+    for c in sorted((c for c in changes if c.after is None), key=lambda c: c.path,
+                    reverse=True):
+        ops.append({"op": "remove", "path": c.path})
+    for c in sorted((c for c in changes if c.after is not None and c.after.kind == "dir"),
+                    key=lambda c: c.path, reverse=True):
+        ops.append({"op": "dirmeta", "path": c.path, "mode": c.after.mode,
+                    "source": os.path.join(layer.upper, c.path)})
+    for i, op in enumerate(ops):
+        op["n"] = i  # names this step's temporary entries: short, unique, stable on replay
+    return {"id": secrets.token_hex(4), "ops": ops}
+
+
+def _copy_up_source(layer: CowLayer, rel: str) -> str:
+    """Make the upper entry for `rel` a private copy (its placeholder named a lower file)."""
+    loc = layer.resolve(rel, follow_last=False)
+    return layer.copy_up(loc).upper
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+
+
+def _tmp_name(plan_id: str, op: dict, what: str = "new") -> str:
+    return f".sl-{what}-{plan_id}-{op['n']}"
+
+
+def _already(parent: _Parent, op: dict) -> bool:
+    st = parent.lstat()
+    if st is None:
+        return False
+    if op["kind"] == "file":
+        if not (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == op["mode"]
+                and st.st_mtime_ns == op.get("mtime_ns", st.st_mtime_ns)):
+            return False
+        fd = os.open(parent.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=parent.fd)
+        try:
+            return sha256_fd(fd) == op["digest"]
+        finally:
+            os.close(fd)
+    if op["kind"] == "symlink":
+        return stat.S_ISLNK(st.st_mode) and \
+            os.readlink(parent.name, dir_fd=parent.fd) == op["digest"]
+    return False
+
+
+def _unlink_quiet(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _clear_dir(parent: _Parent, name: str, trash: str) -> None:
+    """Move a directory out of the way in one step, then delete it (rmtree works on fds
+    and never follows a symlink)."""
+    shutil.rmtree(trash, ignore_errors=True, dir_fd=parent.fd)
+    os.rename(name, trash, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
+    shutil.rmtree(trash, dir_fd=parent.fd)
+
+
+def _place(layer: CowLayer, root_fd: int, op: dict, plan_id: str) -> None:
+    with _Parent(root_fd, op["path"]) as parent:
+        if parent.fd < 0:
+            raise OSError(errno.ENOENT, f"{op['path']}: its directory is missing")
+        trash = _tmp_name(plan_id, op, "old")
+        shutil.rmtree(trash, ignore_errors=True, dir_fd=parent.fd)  # a crashed earlier try
+        if _already(parent, op):
+            return
+        tmp = _tmp_name(plan_id, op)
+        _unlink_quiet(tmp, parent.fd)
+        if op.get("link_to"):
+            with _Parent(root_fd, op["link_to"]) as first:
+                os.link(first.name, tmp, src_dir_fd=first.fd, dst_dir_fd=parent.fd,
+                        follow_symlinks=False)
+        elif op["kind"] == "symlink":
+            os.symlink(op["digest"], tmp, dir_fd=parent.fd)
+        elif op["kind"] == "file":
+            src = os.open(op["source"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                st = os.fstat(src)
+                if not stat.S_ISREG(st.st_mode):
+                    raise OSError(errno.EINVAL, f"{op['path']}: its source changed kind")
+                out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, 0o600, dir_fd=parent.fd)
+                try:
+                    copy_data(src, out)
+                    copy_metadata(src, out, st)
+                    os.fchmod(out, op["mode"])
+                    os.fsync(out)
+                finally:
+                    os.close(out)
+            finally:
+                os.close(src)
+        elif op["kind"] == "fifo":
+            os.mkfifo(tmp, op["mode"], dir_fd=parent.fd)
+        else:
+            return  # sockets and the like have no content to commit
+        st = parent.lstat()
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            _clear_dir(parent, parent.name, trash)
+        os.rename(tmp, parent.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
+
+
+def _make_dir(layer: CowLayer, root_fd: int, op: dict, plan_id: str) -> None:
+    with _Parent(root_fd, op["path"]) as parent:
+        if parent.fd < 0:
+            raise OSError(errno.ENOENT, f"{op['path']}: its directory is missing")
+        st = parent.lstat()
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            return
+        if st is not None:
+            os.unlink(parent.name, dir_fd=parent.fd)  # a file or link becomes a directory
+        os.mkdir(parent.name, 0o700, dir_fd=parent.fd)
+
+
+def _remove(layer: CowLayer, root_fd: int, op: dict, plan_id: str) -> None:
+    with _Parent(root_fd, op["path"]) as parent:
+        if parent.fd < 0:
+            return  # its directory was replaced or removed: nothing left beneath it
+        st = parent.lstat()
+        if st is None:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            _clear_dir(parent, parent.name, _tmp_name(plan_id, op, "old"))
+        else:
+            os.unlink(parent.name, dir_fd=parent.fd)
+
+
+def _dir_meta(layer: CowLayer, root_fd: int, op: dict, plan_id: str) -> None:
+    with _Parent(root_fd, op["path"]) as parent:
+        if parent.fd < 0:
+            return
+        try:
+            fd = os.open(parent.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=parent.fd)
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            return
+        try:
+            os.fchmod(fd, op["mode"])
+            try:
+                st = os.stat(op["source"], follow_symlinks=False)
+                os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+            except FileNotFoundError:
+                pass
+        finally:
+            os.close(fd)
+
+
+_STEPS = {"dir": _make_dir, "place": _place, "remove": _remove, "dirmeta": _dir_meta}
+
+
+def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
+    """Apply the layer to the workdir and remove it. Safe to call again after a crash."""
+    plan_path, done_path = (os.path.join(layer.root, n) for n in (PLAN, DONE))
+    if os.path.exists(done_path):
+        layer.discard()
+        return
+    with layer.lock:
+        if os.path.exists(plan_path):
+            with open(plan_path) as f:
+                plan = json.load(f)
+        else:
+            plan = _plan(layer, diff(layer) if changes is None else changes)
+            _write_json(plan_path, plan)
+        root_fd = os.open(layer.lower, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                          | os.O_CLOEXEC)
+        try:
+            for op in plan["ops"]:
+                _STEPS[op["op"]](layer, root_fd, op, plan["id"])
+        finally:
+            os.close(root_fd)
+        os.rename(plan_path, done_path)
+    layer.discard()
+
+
+def interrupted(root: str) -> bool:
+    """True when a commit of the layer at `root` started and did not finish."""
+    return any(os.path.exists(os.path.join(root, n)) for n in (PLAN, DONE))
