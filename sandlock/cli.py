@@ -392,6 +392,14 @@ def _policy_check(a) -> int:
             ("http deny", [r.spec for r in p.http.deny] if p.http else []),
             ("http ports", sorted(p.http_ports)),
             ("audit log", [p.audit_log] if p.audit_log else [])]
+    if p.workspace is not None:
+        ws = p.workspace
+        rows.append(("workdir", [f"{ws.workdir} (copy-on-write: a private layer in "
+                                 f"{ws.storage}"
+                                 + (f", at most {ws.max_disk} bytes" if ws.max_disk else "")
+                                 + ")"]))
+        rows.append(("outcome", [f"exit 0: {loaded.fields.get('on_exit', 'commit')}; "
+                                 f"otherwise: {loaded.fields.get('on_error', 'abort')}"]))
     for label, values in rows:
         if values:
             print(f"  {label:13} " + "\n  {:13} ".format("").join(str(v) for v in values))

@@ -396,12 +396,13 @@ def parse_workspace(fields: dict, readable, writable, denied):
     storage = os.path.realpath(os.fsdecode(fields.get("fs_storage") or default_storage()))
     if is_beneath(storage, wd) or is_beneath(wd, storage):
         raise PolicyError(f"fs_storage {storage} and workdir {wd} must not contain each other")
-    try:  # it must exist now: the Landlock rules that keep it out of reach are built now
-        os.makedirs(storage, mode=0o700, exist_ok=True)
-    except OSError as e:
-        raise PolicyError(f"fs_storage: cannot create {storage}: {e.strerror}") from None
-    if not os.path.isdir(storage):
+    if os.path.exists(storage) and not os.path.isdir(storage):
         raise PolicyError(f"fs_storage: {storage} is not a directory")
+    if any(is_beneath(storage, g) for g in readable + writable):
+        try:  # denied beneath a grant: it must exist when the Landlock rules are built
+            os.makedirs(storage, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise PolicyError(f"fs_storage: cannot create {storage}: {e.strerror}") from None
     # The workdir is readable (execve and chdir continue in the kernel); its layer's
     # storage never is: the sandbox reaches its upper tree only through the supervisor.
     if wd not in readable:

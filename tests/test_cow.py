@@ -591,3 +591,18 @@ def test_proc_self_behind_a_workdir_symlink_is_never_the_supervisors(tree, tmp_p
         del os.environ["SANDLOCK_TEST_SUPERVISOR_SECRET"]
     assert b"SUPERSECRET" not in r.stdout
     assert r.stdout.decode().splitlines()[-1] == "rc=1"
+
+
+def test_the_shipped_agent_workspace_policy_commits_only_on_success(tree, tmp_path):
+    work = _copy(tree, tmp_path / "work")
+    policy = os.path.join(REPO, "policies", "agent-workspace.yaml")
+    sl = [sys.executable, "-m", "sandlock", "run", "--policy", policy, "--fs-storage",
+          str(tmp_path / "store"), "--"]
+    bad = subprocess.run(sl + ["sh", "-c", "echo broken > readme.txt; exit 1"], cwd=work,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "discarded" in bad.stderr
+    assert (work / "readme.txt").read_text() == "hello\n"
+    good = subprocess.run(sl + ["sh", "-c", "echo fixed > readme.txt"], cwd=work,
+                          capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and "applied" in good.stderr, good.stderr
+    assert (work / "readme.txt").read_text() == "fixed\n"

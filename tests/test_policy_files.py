@@ -44,10 +44,12 @@ def test_malformed_policy_is_refused_with_file_line_and_key(tmp_path, text, frag
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(ROOT, "policies"))))
-def test_shipped_policies_are_valid_and_documented(name):
+def test_shipped_policies_are_valid_and_documented(name, tmp_path):
     path = os.path.join(ROOT, "policies", name)
     assert open(path).readline().startswith(f"# {name}")
-    r = subprocess.run(SANDLOCK + ["policy", "check", path], capture_output=True, text=True)
+    # From a project directory (relative paths such as `workdir: .` name it).
+    r = subprocess.run(SANDLOCK + ["policy", "check", path], capture_output=True, text=True,
+                       cwd=tmp_path)
     assert r.returncode == 0 and "valid (version 1)" in r.stdout, r.stderr
 
 
