@@ -166,14 +166,6 @@ class CowLayer:
         except OSError:
             pass
 
-    def materialize_all(self, udir: str | None = None) -> None:
-        """Materialize a whole subtree (before diffing or committing)."""
-        udir = udir or self.upper
-        self._materialize(udir)
-        for e in os.scandir(udir):
-            if e.is_dir(follow_symlinks=False):
-                self.materialize_all(e.path)
-
     def placeholder_origin(self, upath: str) -> str | None:
         """The lower relpath a placeholder stands for, or None for a private entry."""
         origin = _xattr(upath, ORIGIN)
@@ -342,10 +334,6 @@ class CowLayer:
         scratch = os.path.join(self.root, "scratch")
         os.makedirs(scratch, mode=0o700, exist_ok=True)
         return os.path.join(scratch, secrets.token_hex(8))
-
-    def stat_path(self, loc: Loc) -> str:
-        """The real path whose stat is the sandbox path's."""
-        return loc.real
 
     def usage(self) -> int:
         """Bytes of private data in the upper tree (placeholders count nothing)."""
