@@ -166,7 +166,8 @@ def markdown(result):
                   "|---|---:|---:|---:|---:|"]
         for name, about in result["peers"].items():
             if name not in st:
-                lines.append(f"| {about} | n/a: {r['unavailable'].get(name, '')[:80]} | | | |")
+                why = " ".join(r["unavailable"].get(name, "").split())[:80]
+                lines.append(f"| {about} | n/a: {why} | | | |")
                 continue
             s = st[name]
             base = {"ours_cow": "ours", "upstream_cow": "upstream"}.get(name)
@@ -189,8 +190,8 @@ def markdown(result):
         lines.append(f"| upstream {UPSTREAM_VERSION} (fork() returns when its clones are done) "
                      f"| {f['upstream']:.0f} | |")
     else:
-        lines.append(f"| upstream {UPSTREAM_VERSION} | n/a: "
-                     f"{f['unavailable'].get('upstream', '')[:80]} | |")
+        why = " ".join(f["unavailable"].get("upstream", "").split())[:80]
+        lines.append(f"| upstream {UPSTREAM_VERSION} | n/a: {why} | |")
     return "\n".join(lines) + "\n"
 
 

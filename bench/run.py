@@ -69,12 +69,26 @@ def main(argv=None):
     desc = machine()
     doc = {"timestamp": started.isoformat(timespec="seconds"), "machine": desc,
            "quick": a.quick, "benchmarks": {mod.NAME: res for mod, res in results}}
+    previous = stem.with_suffix(".json")
+    if a.only and previous.exists() and not a.quick:
+        # A partial re-run replaces those benchmarks in the day's full results.
+        old = json.loads(previous.read_text())
+        if not old.get("quick"):
+            reruns = {**old.get("reruns", {}),
+                      **{mod.NAME: doc["timestamp"] for mod, _ in results}}
+            merged = {**old["benchmarks"], **doc["benchmarks"]}
+            doc = {**old, "benchmarks": merged, "reruns": reruns}
+            names = [n for n in BENCHMARKS if importlib.import_module(n).NAME in merged]
+            results = [(importlib.import_module(n), merged[importlib.import_module(n).NAME])
+                       for n in names]
     stem.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
 
     md = [f"# sandlock benchmarks, {doc['timestamp']}", "",
           f"Machine: {desc['cores']} cores, {desc['mem_total_kib'] / 2**20:.1f} GiB, "
           f"Linux {desc['kernel']} ({desc['machine']}), Python {desc['python']}."
-          + (" Quick run (fewer samples): indicative only." if a.quick else ""), ""]
+          + (" Quick run (fewer samples): indicative only." if a.quick else "")
+          + "".join(f" `{n}` re-run alone at {t}." for n, t in doc.get("reruns", {}).items()),
+          ""]
     plotted = write_plot(results, stem.with_suffix(".png"))
     if plotted:
         md += [f"![benchmark plots]({stem.name}.png)", ""]
