@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-from .result import Result
+from .result import ExitReason, Result
 
 
 class Stage:
@@ -69,4 +69,11 @@ class Pipeline:
             t.join()
         last = results[-1]
         last.stages = results
+        timed_out = [i for i, r in enumerate(results) if r.reason == ExitReason.TIMEOUT]
+        if timed_out and last.reason != ExitReason.TIMEOUT:
+            # The last stage may have ended on EOF once an earlier stage was killed at the
+            # deadline: the pipeline still timed out.
+            last.reason = ExitReason.TIMEOUT
+            last.success = False
+            last.error = f"the pipeline timed out (stage {timed_out[0] + 1} was killed)"
         return last

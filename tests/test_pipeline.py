@@ -46,3 +46,13 @@ def test_cli_pipe():
     r = subprocess.run([sys.executable, "-m", "sandlock", "pipe", "-t", "0.5", "--", "sleep",
                         "30", ":::", "--", "cat"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 124
+
+
+def test_a_pipeline_whose_first_stage_times_out_reports_the_timeout():
+    """The last stage may end on EOF once the first was killed at the deadline (it raced
+    in test_cli_pipe): the pipeline's result still says TIMEOUT."""
+    sb = sandbox()
+    for _ in range(5):
+        r = (sb.cmd(["sleep", "30"]) | sb.cmd(["cat"])).run(timeout=0.3)
+        assert r.reason == ExitReason.TIMEOUT and not r.success
+        assert r.stages[0].reason == ExitReason.TIMEOUT
