@@ -40,6 +40,10 @@ from .errors import PolicyError, SandlockError
 INIT_FAILED = 70
 _SECBITS_SANDBOX = 0x2F  # as the exec trampoline: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS locked
 _PR_SET_SECUREBITS, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 28, 24, 47, 4
+_PR_SET_DUMPABLE = 4
+_MAX_FD = 2**31 - 1
+_CLEAN_ENV_KEEP = (b"PATH", b"HOME", b"TERM", b"LANG", b"LC_ALL", b"TZ", b"USER", b"LOGNAME",
+                   b"SHELL")  # as run() with clean_env
 
 
 class Clone:
@@ -54,17 +58,63 @@ class Clone:
         return f"Clone(id={self.id}, pid={self.pid}, exit_code={self.exit_code})"
 
 
-class ForkResult:
-    """The clones of one fork(): `pids`, len(), indexing (a Clone), wait(), kill()."""
+class _Report:
+    """The init process's report pipe: "P id pid" per clone, "F ns" once all are forked,
+    "X pid status" per exit, "E message" on failure. Read with a deadline (poll: fd numbers
+    may exceed select's limit); lines that do not parse are ignored."""
 
-    def __init__(self, init_pid: int, clones: list[Clone], status, fork_seconds: float,
-                 early: bytes = b""):
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def lines(self, deadline: float | None):
+        """Complete lines until EOF; yields None when the deadline passes."""
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        while True:
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                yield line
+            if self.eof:
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                yield None
+                return
+            if not poller.poll(None if left is None else max(1, int(left * 1000))):
+                continue
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                self.eof = True
+            self.buf += chunk
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _ints(parts, count):
+    try:
+        return [int(x) for x in parts[1:1 + count]] if len(parts) == count + 1 else None
+    except ValueError:
+        return None
+
+
+class ForkResult:
+    """The clones of one fork(): `pids`, len(), indexing (a Clone), wait(), kill(), and
+    `stderr` (every clone's and init_fn's standard error, after wait() or reduce())."""
+
+    def __init__(self, init_pid: int, clones: list[Clone], report: _Report, err_fd: int,
+                 fork_seconds: float):
         self.init_pid = init_pid
         self.clones = clones
         self.pids = [c.pid for c in clones]
         self.fork_seconds = fork_seconds  # the init process's time to fork every clone
-        self._status = status             # the init process's report pipe (file)
-        self._early = early               # report lines read with the fork report
+        self.stderr = b""
+        self._report = report
+        self._err_fd = err_fd
         self._done = False
         self._killed = False
 
@@ -80,61 +130,81 @@ class ForkResult:
     def kill(self) -> None:
         """Kill the init process and every clone (one process group)."""
         self._killed = True
-        try:
-            os.killpg(self.init_pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if not self._done:
+            try:
+                os.killpg(self.init_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def wait(self, timeout: float | None = None) -> "ForkResult":
-        """Read every clone's stdout to the end and collect exit codes; past `timeout`
-        every clone is killed (their exit codes then show the signal)."""
+        """Read every clone's stdout (and the shared stderr) to the end and collect exit
+        codes; at `timeout` everything still running is killed. Returns self."""
         if self._done:
             return self
         deadline = None if timeout is None else time.monotonic() + timeout
+        fds = {c.fd: c for c in self.clones if c.fd >= 0}
+        if self._err_fd >= 0:
+            fds[self._err_fd] = None
+        bufs = {fd: bytearray() for fd in fds}
         sel = selectors.DefaultSelector()
-        bufs = {}
-        for c in self.clones:
-            if c.fd >= 0:
-                os.set_blocking(c.fd, False)
-                sel.register(c.fd, selectors.EVENT_READ, c)
-                bufs[c.fd] = bytearray()
+        for fd in fds:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
         try:
             while bufs:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     self.kill()
-                    deadline = None
+                    deadline = None  # killed: the pipes reach EOF now
                 for key, _ in sel.select(left):
                     chunk = os.read(key.fd, 65536)
                     if chunk:
                         bufs[key.fd] += chunk
                         continue
                     sel.unregister(key.fd)
-                    c = key.data
-                    c.stdout = bytes(bufs.pop(key.fd))
-                    os.close(c.fd)
-                    c.fd = -1
+                    data = bytes(bufs.pop(key.fd))
+                    os.close(key.fd)
+                    c = fds[key.fd]
+                    if c is None:
+                        self.stderr, self._err_fd = data, -1
+                    else:
+                        c.stdout, c.fd = data, -1
         finally:
             sel.close()
-        self._collect()
+        self._collect(None if self._killed else deadline)
         return self
 
-    def _collect(self) -> None:
+    def _collect(self, deadline: float | None) -> None:
+        """Exit codes from the report until the init process ends (killing everything at
+        the deadline); then whatever is left in the group is killed, as run() does."""
         by_pid = {c.pid: c for c in self.clones}
-        for line in self._early.splitlines() + list(self._status):
-            parts = line.split()
-            if parts[:1] == [b"X"] and len(parts) == 3:
-                c = by_pid.get(int(parts[1]))
-                if c is not None:
-                    st = int(parts[2])
-                    c.exit_code = os.waitstatus_to_exitcode(st)
-        self._status.close()
+        for line in self._report.lines(deadline):
+            if line is None:  # the deadline: kill, then read what is left until EOF
+                self.kill()
+                for line2 in self._report.lines(time.monotonic() + 5):
+                    self._exit_line(line2, by_pid)
+                break
+            self._exit_line(line, by_pid)
+        self._report.close()
+        try:  # the init process is a zombie at worst: its group id cannot be reused yet
+            os.killpg(self.init_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.waitpid(self.init_pid, 0)
         if self._killed:  # the init process died with them: what it did not report, we killed
             for c in self.clones:
                 if c.exit_code is None:
                     c.exit_code = -signal.SIGKILL
         self._done = True
+
+    @staticmethod
+    def _exit_line(line, by_pid) -> None:
+        parts = (line or b"").split()
+        if parts[:1] == [b"X"]:
+            vals = _ints(parts, 2)
+            c = by_pid.get(vals[0]) if vals else None
+            if c is not None and c.exit_code is None:
+                c.exit_code = os.waitstatus_to_exitcode(vals[1]) if vals[1] >= 0 else None
 
     def close(self) -> None:
         """Kill what still runs and release every pipe."""
@@ -144,23 +214,28 @@ class ForkResult:
                 if c.fd >= 0:
                     os.close(c.fd)
                     c.fd = -1
-            self._collect()
+            if self._err_fd >= 0:
+                os.close(self._err_fd)
+                self._err_fd = -1
+            self._collect(None)
 
 
-def check_policy(policy) -> bool:
-    """Refuse what needs the supervisor; True when unix sockets must be refused outright
-    (their connects are otherwise checked by the supervisor)."""
+def check_policy(policy) -> tuple[bool, bool]:
+    """Refuse what needs the supervisor. Returns (deny_unix, deny_listen): unix sockets
+    are refused outright unless any path is granted (their connects and sends are otherwise
+    checked by the supervisor), and listen() when TCP bind is restricted."""
     landlock_only = policy.tcp_by_landlock and not policy.udp and not policy.icmp
     unix_grants = "*" not in policy.unix_allow and bool(policy.unix_allow)
     needs = [what for what, on in (
         ("network rules naming hosts, addresses, UDP or ICMP", not landlock_only),
         ("net_allow_unix grants", unix_grants),
         ("HTTP rules", policy.http is not None), ("policy_fn", policy.policy_fn is not None),
+        ("audit_log", policy.audit_log is not None),
         ("a copy-on-write workdir", policy.workspace is not None)) if on]
     if needs:
         raise PolicyError(f"fork(): {needs[0]} need(s) the supervisor, which COW clones run "
                           f"without; use port-only TCP rules and filesystem rules")
-    return "*" not in policy.unix_allow
+    return "*" not in policy.unix_allow, not policy.tcp_bind.any_port
 
 
 def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
@@ -175,96 +250,75 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise PolicyError(f"fork(): n must be a positive integer, got {n!r}")
     policy = sandbox.policy
-    deny_unix = check_policy(policy)
+    deny_unix, deny_listen = check_policy(policy)
     conf = sandbox._confinement()
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised=False,
                                         deny_inet=detect().landlock_abi < 4,
-                                        deny_unix=deny_unix)
+                                        deny_unix=deny_unix, deny_listen=deny_listen)
+    highest = max(int(x) for x in os.listdir("/proc/self/fd"))
+    _ensure_nofile(highest + 3 * n + 16)  # the pipes, then a contiguous copy in the init
     pipes = []
-    status_r, status_w = os.pipe2(os.O_CLOEXEC)
     try:
-        for _ in range(n):
+        for _ in range(n + 2):  # the clones' stdouts, the report, the shared stderr
             pipes.append(os.pipe2(os.O_CLOEXEC))
     except OSError as e:
         for r, w in pipes:
             os.close(r)
             os.close(w)
-        os.close(status_r)
-        os.close(status_w)
         raise SandlockError(f"fork({n}): cannot create the clones' pipes: {e.strerror} "
                             f"(raise RLIMIT_NOFILE)") from None
-    base = max(max(int(x) for x in os.listdir("/proc/self/fd")), status_w) + 1
-    _ensure_nofile(base + n + 1)
+    status_r, err_r = pipes[n][0], pipes[n + 1][0]
+    base = max(max(int(x) for x in os.listdir("/proc/self/fd")), highest) + 1
     _forkloop()
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
     import warnings
     with warnings.catch_warnings():  # 3.12+ warns about fork() beside threads; the child
         warnings.simplefilter("ignore", DeprecationWarning)  # touches none of theirs
         pid = os.fork()
     if pid == 0:  # the init process: never returns
-        _init_main(conf, bpf, sandbox.init_fn, sandbox.work_fn, n, pipes, status_w, status_r,
-                   base)
-    os.close(status_w)
+        _init_main(conf, bpf, policy, sandbox.init_fn, sandbox.work_fn, n, pipes, base)
     for _, w in pipes:
         os.close(w)
-    status = os.fdopen(status_r, "rb")
-    pids: dict[int, int] = {}
-    fork_ns = 0
-    line = b""
-    for line in _lines(status_r, timeout):
-        parts = line.split()
-        if parts[:1] == [b"P"]:
-            pids[int(parts[1])] = int(parts[2])
-        elif parts[:1] == [b"F"]:
-            fork_ns = int(parts[1])
-            break
-        elif parts[:1] == [b"E"]:
-            break
-    if len(pids) != n:
-        msg = line.decode(errors="replace")[2:].strip() if line.startswith(b"E") else \
-            "the init process ended early" if line != b"timeout" else \
-            f"init_fn and the forks did not complete within {timeout}s"
-        for r, _ in pipes:
-            os.close(r)
-        status.close()
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        os.waitpid(pid, 0)
-        raise SandlockError(f"fork({n}): {msg}")
-    clones = [Clone(i, pids[i], pipes[i][0]) for i in range(n)]
-    return ForkResult(pid, clones, status, fork_ns / 1e9, _pushback.pop(status_r, b""))
-
-
-def _lines(fd: int, timeout: float | None):
-    """Lines from the init process's report until F or E (bounded by `timeout`); the rest
-    stays in the pipe for ForkResult. Yields b"timeout" when time runs out."""
+    report = _Report(status_r)
     deadline = None if timeout is None else time.monotonic() + timeout
-    buf = b""
-    while True:
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            if line[:1] in (b"F", b"E") and buf:
-                _pushback[fd] = buf  # exit reports already read: kept for wait()
-            yield line
-            if line[:1] in (b"F", b"E"):
-                return
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            yield b"timeout"
-            return
-        if not select.select([fd], [], [], left)[0]:
+    pids: dict[int, int] = {}
+    fork_ns, failure = None, None
+    for line in report.lines(deadline):
+        parts = (line or b"").split()
+        if line is None:
+            failure = f"init_fn and the forks did not complete within {timeout}s"
+        elif parts[:1] == [b"P"]:
+            vals = _ints(parts, 2)
+            if vals is None or not 0 <= vals[0] < n or vals[1] <= 0 or vals[0] in pids:
+                failure = f"the init process sent a malformed report: {line[:80]!r}"
+            else:
+                pids[vals[0]] = vals[1]
+                continue
+        elif parts[:1] == [b"F"]:
+            vals = _ints(parts, 1)
+            fork_ns = vals[0] if vals else 0
+        elif parts[:1] == [b"E"]:
+            failure = line.decode(errors="replace")[2:].strip()
+        else:
             continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return
-        buf += chunk
-
-
-_pushback: dict[int, bytes] = {}
+        break
+    if failure is None and (fork_ns is None or len(pids) != n):
+        failure = "the init process ended early"
+    clones = [Clone(i, pids.get(i, -1), pipes[i][0]) for i in range(n)]
+    result = ForkResult(pid, clones, report, err_r, (fork_ns or 0) / 1e9)
+    if failure is not None:
+        result.close()
+        raise SandlockError(f"fork({n}): {failure}")
+    return result
 
 
 def _ensure_nofile(need: int) -> None:
+    """Raise the soft RLIMIT_NOFILE to `need` if the hard limit allows (it stays raised:
+    the caller holds the clones' pipes until wait() or reduce())."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
         if hard != resource.RLIM_INFINITY and hard < need:
@@ -292,6 +346,10 @@ def _confine_self(conf, bpf: bytes) -> str | None:
             return "capset"
     if caps.prctl_errno(_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL) < 0:
         return "ambient capabilities"
+    # Not dumpable: no clone (same uid, same Landlock domain) may open another's or the init
+    # process's /proc/PID/fd entries (their pipes) or /proc/PID/mem.
+    if caps.prctl_errno(_PR_SET_DUMPABLE, 0) < 0:
+        return "dumpable"
     if caps.prctl_errno(caps.PR_SET_NO_NEW_PRIVS, 1) < 0:
         return "no_new_privs"
     if conf.ruleset is not None and conf.ruleset.restrict_self_errno() < 0:
@@ -301,26 +359,55 @@ def _confine_self(conf, bpf: bytes) -> str | None:
     return None
 
 
-def _init_main(conf, bpf, init_fn, work_fn, n, pipes, status_w, status_r, base):
+def _unmap_shared_writable() -> None:
+    """Memory the caller shares with others for writing (MAP_SHARED files, shared memory)
+    is not inherited: the confinement could not stop writes through it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    with open("/proc/self/maps") as f:
+        regions = [line.split()[:2] for line in f]
+    for span, perms in regions:
+        if perms[1] == "w" and perms[3] == "s":
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            libc.munmap(lo, hi - lo)
+
+
+def _apply_process_fields(policy) -> None:
+    """cwd, env and clean_env, as run() applies them to the program."""
+    if policy.clean_env:
+        keep = {k.decode() for k in _CLEAN_ENV_KEEP}
+        for k in list(os.environ):
+            if k not in keep:
+                del os.environ[k]
+        os.environ.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    for k, v in policy.env:
+        os.environ[k] = v
+    if policy.cwd:
+        os.chdir(policy.cwd)
+
+
+def _init_main(conf, bpf, policy, init_fn, work_fn, n, pipes, base):
     code = INIT_FAILED
+    status = base + n
     try:
-        os.close(status_r)
         for r, _ in pipes:
             os.close(r)
-        for i, (_, w) in enumerate(pipes):  # the clones' pipes, contiguous from `base`
+        for i, (_, w) in enumerate(pipes):  # contiguous from `base`: n stdouts, report, stderr
             os.dup2(w, base + i, inheritable=False)
-        os.dup2(status_w, base + n, inheritable=False)
-        status = base + n
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
+        os.dup2(base + n + 1, 2)  # one stderr for init_fn and every clone, read by wait()
+        _unmap_shared_writable()
+        _apply_process_fields(policy)
         failed = _confine_self(conf, bpf)
         if failed is not None:
             os.write(status, f"E confinement failed at {failed}\n".encode())
             os._exit(INIT_FAILED)
-        os.closerange(3, base)  # nothing else of the parent's stays open
+        os.closerange(3, base)  # nothing else of the caller's stays open, even an fd
+        os.closerange(base + n + 1, _MAX_FD)  # another thread opened during the fork
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
         if init_fn is not None:
             init_fn()
-        sys.stdout.flush() if sys.stdout else None
         # Everything init_fn built becomes permanent for the collector: a clone's GC then
         # never walks (and so never copies) those pages.
         gc.collect()
@@ -333,14 +420,17 @@ def _init_main(conf, bpf, init_fn, work_fn, n, pipes, status_w, status_r, base):
         report = [b"P %d %d\n" % (k, pid) for k, pid in enumerate(pids)]
         spent = time.perf_counter_ns() - t0
         _write_all(status, b"".join(report) + b"F %d\n" % spent)
-        for _ in range(n):
+        waiting = set(pids)
+        while waiting:  # the clones only: children init_fn started are not reported
             pid, st = os.wait()
-            _write_all(status, b"X %d %d\n" % (pid, st))
+            if pid in waiting:
+                waiting.discard(pid)
+                _write_all(status, b"X %d %d\n" % (pid, st))
         code = 0
     except BaseException:
         try:
             msg = traceback.format_exc().strip().splitlines()[-1]
-            os.write(base + n, f"E init_fn failed: {msg}\n".encode())
+            os.write(status, f"E init_fn failed: {msg}\n".encode())
             traceback.print_exc()
         except BaseException:
             pass
@@ -401,7 +491,7 @@ def _clone_main(i: int, base: int, n: int, work_fn) -> None:
     code = 1
     try:
         os.dup2(base + i, 1)
-        os.closerange(base, base + n + 1)
+        os.closerange(base, base + n + 2)  # the other clones' pipes and the report
         os.environ["CLONE_ID"] = str(i)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=False)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
@@ -411,6 +501,8 @@ def _clone_main(i: int, base: int, n: int, work_fn) -> None:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         try:
+            if not isinstance(e.code, (int, type(None))):
+                print(e.code, file=sys.stderr)  # as Python prints sys.exit("message")
             sys.stdout.flush()
         except BaseException:
             pass
@@ -424,11 +516,20 @@ def _clone_main(i: int, base: int, n: int, work_fn) -> None:
 
 
 def reduce(reducer, cmd, clones: ForkResult, timeout: float | None = None):
-    """Feed every clone's stdout (in clone order, streamed) to `cmd` under `reducer`."""
+    """Feed every clone's stdout (in clone order, streamed) to `cmd` under `reducer`; the
+    clones' shared stderr is collected into clones.stderr. Bounded by `timeout`."""
     from .sandbox import StdioMode
+    if clones._done or any(c.fd < 0 for c in clones):
+        raise SandlockError("reduce(): these clones' outputs were already consumed "
+                            "(wait() or an earlier reduce())")
+    deadline = None if timeout is None else time.monotonic() + timeout
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
         proc = reducer.popen(cmd, stdin=r, stdout=StdioMode.PIPED, stderr=StdioMode.PIPED)
+    except BaseException:
+        os.close(w)
+        clones.close()
+        raise
     finally:
         os.close(r)
 
@@ -447,13 +548,25 @@ def reduce(reducer, cmd, clones: ForkResult, timeout: float | None = None):
                     except BrokenPipeError:
                         broken = True  # the reducer stopped reading: drain the clones
         os.close(w)
-    t = threading.Thread(target=pump, name="sandlock-reduce", daemon=True)
-    t.start()
+
+    def drain_stderr():
+        chunks = []
+        while chunk := os.read(clones._err_fd, 65536):
+            chunks.append(chunk)
+        os.close(clones._err_fd)
+        clones._err_fd = -1
+        clones.stderr = b"".join(chunks)
+    threads = [threading.Thread(target=f, name="sandlock-reduce", daemon=True)
+               for f in (pump, drain_stderr)]
+    for t in threads:
+        t.start()
     with proc:
         result = proc.communicate(timeout=timeout)
-    t.join(timeout=5)
-    if t.is_alive():
-        clones.kill()
-        t.join()
-    clones._collect()
+    for t in threads:
+        t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        clones.kill()  # a clone still holds its pipe past the deadline
+        for t in threads:
+            t.join()
+    clones._collect(None if deadline is None else max(deadline, time.monotonic()))
     return result

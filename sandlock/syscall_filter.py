@@ -204,7 +204,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
                    deny_inet: bool = False, net_supervised: bool = False,
                    udp: bool = False, icmp: bool = False,
                    runtime_events: frozenset = frozenset(), cow: bool = False,
-                   deny_unix: bool = False) -> bytes:
+                   deny_unix: bool = False, deny_listen: bool = False) -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -213,11 +213,13 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     every send that can carry a destination to the supervisor; udp / icmp allow creating
     UDP and ICMP-ping sockets (their destinations are then the supervisor's to decide).
     runtime_events (a policy_fn's event kinds) sends the calls it observes to the
-    supervisor; cow sends the path calls a copy-on-write workdir serves. deny_unix refuses
-    AF_UNIX sockets (COW clones: no supervisor to check pathname-socket connects).
+    supervisor; cow sends the path calls a copy-on-write workdir serves. For COW clones,
+    which run without a supervisor: deny_unix refuses AF_UNIX sockets and socketpair (no
+    pathname-socket connect or send can be checked), deny_listen refuses listen() (on an
+    unbound socket it binds a port Landlock never sees).
     """
     key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow,
-           deny_unix)
+           deny_unix, deny_listen)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -226,7 +228,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
              udp: bool, icmp: bool, runtime_events: frozenset, cow: bool,
-             deny_unix: bool) -> bytes:
+             deny_unix: bool, deny_listen: bool) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -278,6 +280,10 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
                                       _CLONE_FILES))
     if supervised:
         f.add_rule(sc.NOTIFY, "listen")  # listen() on an unbound socket binds a port
+    elif deny_listen:
+        f.add_rule(eperm, "listen")
+    if deny_unix:
+        f.add_rule(eperm, "socketpair")
     if supervised and net_supervised:
         f.add_rule(sc.NOTIFY, "connect")
         f.add_rule(sc.NOTIFY, "sendto", sc.Arg(4, sc.NE, 0))  # NULL address: stays in kernel

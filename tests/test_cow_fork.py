@@ -161,3 +161,112 @@ def test_fork_needs_work_fn_and_a_positive_count():
         Sandbox(fs_readable=system_readable()).fork(2)
     with pytest.raises(PolicyError, match="positive integer"):
         mapper().fork(0)
+
+
+def test_clones_cannot_reach_each_others_pipes_or_the_report():
+    """Clones share a uid and a Landlock domain, but are not dumpable: /proc/<sibling>/fd
+    and the init process's report pipe are out of reach; output cannot be forged."""
+    def work(i):
+        import time
+        if i == 0:
+            time.sleep(0.3)
+            hits = []
+            for pid in [os.getppid()] + [p for p in range(os.getpid() - 8, os.getpid() + 8)]:
+                for fd in range(0, 64):
+                    try:
+                        f = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
+                    except OSError:
+                        continue
+                    if pid != os.getpid():
+                        hits.append((pid, fd))
+                    os.close(f)
+            print("hits", hits)
+        else:
+            time.sleep(0.6)
+            print("clone", i)
+    clones = mapper(work_fn=work, init_fn=None).fork(3, timeout=30).wait(timeout=30)
+    assert clones[0].stdout == b"hits []\n"
+    assert [c.stdout for c in clones[1:]] == [b"clone 1\n", b"clone 2\n"]  # untouched
+
+
+def test_shared_writable_mappings_of_the_caller_are_not_inherited(tmp_path):
+    import mmap
+    data = tmp_path / "data"
+    data.write_bytes(b"ORIGINAL")
+    with open(data, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 8)
+
+        def work(i):
+            try:
+                m[:8] = b"CLONE!!!"
+                print("wrote")
+            except BaseException:
+                print("no")
+        clones = mapper(work_fn=work, init_fn=None).fork(1, timeout=30).wait(timeout=30)
+        m.close()
+    assert data.read_bytes() == b"ORIGINAL"
+    assert clones[0].exit_code != 0 or clones[0].stdout == b"no\n"
+
+
+def test_process_fields_apply_to_clones(tmp_path):
+    os.environ["SANDLOCK_TEST_CALLER_SECRET"] = "hunter2"
+    try:
+        clones = mapper(work_fn=lambda i: print(os.getcwd(), os.environ.get(
+            "SANDLOCK_TEST_CALLER_SECRET"), os.environ.get("K")), init_fn=None,
+            clean_env=True, env={"K": "v"}, cwd="/usr").fork(2, timeout=30).wait(timeout=30)
+    finally:
+        del os.environ["SANDLOCK_TEST_CALLER_SECRET"]
+    assert {c.stdout for c in clones} == {b"/usr None v\n"}
+
+
+def test_wait_timeout_holds_when_a_clone_closes_its_stdout_and_hangs():
+    import time
+    clones = mapper(work_fn=lambda i: (os.close(1), time.sleep(30)), init_fn=None).fork(
+        2, timeout=30)
+    t0 = time.monotonic()
+    clones.wait(timeout=1)
+    assert time.monotonic() - t0 < 8
+    assert all(c.exit_code == -9 for c in clones)
+
+
+def test_clone_stderr_is_collected_and_sys_exit_messages_kept():
+    def work(i):
+        print(f"warning from {i}", file=sys.stderr)
+        sys.exit("bad input" if i == 1 else 0)
+    import sys
+    clones = mapper(work_fn=work, init_fn=None).fork(2, timeout=30).wait(timeout=30)
+    assert [c.exit_code for c in clones] == [0, 1]
+    err = clones.stderr.decode()
+    assert "warning from 0" in err and "warning from 1" in err and "bad input" in err
+
+
+def test_reduce_after_wait_is_a_clear_error():
+    clones = mapper().fork(2, timeout=30).wait(timeout=30)
+    with pytest.raises(Exception, match="already consumed"):
+        reducer().reduce(SUM, clones)
+
+
+def test_clones_get_no_unix_socket_and_no_unbound_listen(tmp_path):
+    import socket
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(str(tmp_path / "srv.sock"))
+    srv.settimeout(0.5)
+
+    def work(i):
+        out = []
+        for what, fn in (
+                ("socketpair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                ("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)),
+                ("listen", lambda: socket.socket().listen()),
+                ("tcp", lambda: socket.socket())):  # positive control
+            try:
+                fn()
+                out.append(f"{what}:ok")
+            except OSError as e:
+                out.append(f"{what}:{e.errno}")
+        print(" ".join(out))
+    clones = mapper(work_fn=work, init_fn=None).fork(1, timeout=30).wait(timeout=30)
+    assert clones[0].stdout == b"socketpair:1 unix:1 listen:1 tcp:ok\n"
+    with pytest.raises(socket.timeout):
+        srv.recv(100)  # nothing reached the pathname socket
+    srv.close()
