@@ -86,6 +86,8 @@ _TIOCLINUX = 0x541C
 # ADDR_LIMIT_3GB: each weakens memory-safety defences of the process and its exec'd children.
 _PERSONALITY_FLAGS = (0x0040000, 0x0100000, 0x0200000, 0x0400000, 0x0800000, 0x8000000)
 _LOW32 = 0xFFFFFFFF
+_AT_EMPTY_PATH = 0x1000
+_COW_FD_FORMS = {"newfstatat": 3, "statx": 2}  # the flags argument
 # Socket families a sandbox may create. AF_INET/AF_INET6 only as TCP (Landlock governs TCP
 # ports; UDP, raw and ICMP need the network supervisor's rules).
 _ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
@@ -248,6 +250,15 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]}
                       | (set(COW_SYSCALLS) if cow else set()))
     for name in observed:  # only reachable with the supervisor (build() checks)
+        if name in _COW_FD_FORMS:
+            # fstat() is newfstatat/statx(fd, "", AT_EMPTY_PATH): about a quarter of a
+            # Python start's stat calls. It names no path, so it stays in the kernel. (With
+            # a non-empty path as well, the kernel resolves it itself: in the real tree, as
+            # any path spelled outside the workdir — a stale view, never a write.)
+            arg = _COW_FD_FORMS[name]
+            f.add_rule(sc.NOTIFY, syscall_number(name),
+                       sc.Arg(arg, sc.MASKED_EQ, _AT_EMPTY_PATH, 0))
+            continue
         f.add_rule(sc.NOTIFY, syscall_number(name))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for flag in _CLONE_NAMESPACE_FLAGS:
