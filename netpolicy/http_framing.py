@@ -126,7 +126,8 @@ class RequestFramer:
             self._state = "chunk_size"
         return True
 
-    def _body(self, out) -> bool:
+    def _counted(self, out, then: str) -> bool:
+        """Pass up to `_left` bytes of a body or chunk through; `then` once all are."""
         if not self._buf:
             return False
         take = self._buf[:self._left]
@@ -134,8 +135,11 @@ class RequestFramer:
         self._buf = self._buf[len(take):]
         self._left -= len(take)
         if self._left == 0:
-            self._state = "head"
+            self._state = then
         return True
+
+    def _body(self, out) -> bool:
+        return self._counted(out, "head")
 
     def _chunk_size(self, out) -> bool:
         end = self._buf.find(b"\r\n")
@@ -154,15 +158,7 @@ class RequestFramer:
         return True
 
     def _chunk_data(self, out) -> bool:
-        if not self._buf:
-            return False
-        take = self._buf[:self._left]
-        out += take
-        self._buf = self._buf[len(take):]
-        self._left -= len(take)
-        if self._left == 0:
-            self._state = "chunk_end"
-        return True
+        return self._counted(out, "chunk_end")
 
     def _chunk_end(self, out) -> bool:
         if len(self._buf) < 2:

@@ -42,8 +42,6 @@ _SECBITS_SANDBOX = 0x2F  # as the exec trampoline: NOROOT, NO_SETUID_FIXUP, KEEP
 _PR_SET_SECUREBITS, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 28, 24, 47, 4
 _PR_SET_DUMPABLE = 4
 _MAX_FD = 2**31 - 1
-_CLEAN_ENV_KEEP = (b"PATH", b"HOME", b"TERM", b"LANG", b"LC_ALL", b"TZ", b"USER", b"LOGNAME",
-                   b"SHELL")  # as run() with clean_env
 
 
 class Clone:
@@ -374,12 +372,13 @@ def _unmap_shared_writable() -> None:
 
 def _apply_process_fields(policy) -> None:
     """cwd, env and clean_env, as run() applies them to the program."""
+    from .sandbox import _CLEAN_ENV_KEEP, _DEFAULT_PATH  # the same as run()'s
     if policy.clean_env:
         keep = {k.decode() for k in _CLEAN_ENV_KEEP}
         for k in list(os.environ):
             if k not in keep:
                 del os.environ[k]
-        os.environ.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        os.environ.setdefault("PATH", _DEFAULT_PATH.decode())
     for k, v in policy.env:
         os.environ[k] = v
     if policy.cwd:

@@ -57,23 +57,25 @@ def utimens_fd(fd: int, times: bytes | None, empty_path: bool) -> None:
         syscall(NR_UTIMENSAT, fd, None, buf, 0)
 
 
-def open_no_symlinks(path: str, flags: int, mode: int = 0) -> int:
-    """open(2) of an absolute path that must contain no symlink at all (openat2 with
-    RESOLVE_NO_SYMLINKS): a path resolved and checked component by component is opened
-    only if nothing on the way was swapped for a link since (ELOOP otherwise)."""
-    how = _OpenHow(flags, mode if flags & (0o100 | 0o20000000) else 0,
-                   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-    return syscall(NR_OPENAT2, AT_FDCWD, os.fsencode(path), ctypes.byref(how),
+def openat2(dirfd: int, path: str, flags: int, mode: int, resolve: int) -> int:
+    """openat2(2): `resolve` is a set of RESOLVE_* flags."""
+    how = _OpenHow(flags, mode if flags & (os.O_CREAT | 0o20000000) else 0, resolve)
+    return syscall(NR_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
                    ctypes.c_size_t(ctypes.sizeof(how)))
+
+
+def open_no_symlinks(path: str, flags: int, mode: int = 0) -> int:
+    """open(2) of an absolute path that must contain no symlink at all: a path resolved and
+    checked component by component is opened only if nothing on the way was swapped for a
+    link since (ELOOP otherwise)."""
+    return openat2(AT_FDCWD, path, flags, mode, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
 
 
 def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
-    """openat2(dirfd, path) that must stay beneath dirfd and cross no symlink at all
-    (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS): ELOOP or EXDEV otherwise."""
-    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & (0o100 | 0o20000000) else 0,
+    """openat2(dirfd, path) that must stay beneath dirfd and cross no symlink at all:
+    ELOOP or EXDEV otherwise."""
+    return openat2(dirfd, path, flags | os.O_CLOEXEC, mode,
                    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-    return syscall(NR_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
-                   ctypes.c_size_t(ctypes.sizeof(how)))
 
 
 def renameat2(src: str, dst: str, flags: int) -> None:

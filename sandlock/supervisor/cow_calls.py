@@ -282,16 +282,25 @@ def unlinkat(req, session):
     return _remove(req, session, req.arg_int(0), 1, bool(flags & AT_REMOVEDIR))
 
 
-def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
-    if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE):
-        raise OSError(errno.EINVAL, "Invalid argument")  # RENAME_WHITEOUT needs privilege
-    opath, npath = req.read_path(oarg), req.read_path(narg)
-    orel = rel_of(session, req, odirfd, opath)
-    nrel = rel_of(session, req, ndirfd, npath)
+def _two_rels(req, session, odirfd, oarg, ndirfd, narg):
+    """Both paths of a rename or link, relative to the workdir; CONTINUE when both are
+    spelled outside it (the kernel and Landlock decide), EXDEV when only one is."""
+    orel = rel_of(session, req, odirfd, req.read_path(oarg))
+    nrel = rel_of(session, req, ndirfd, req.read_path(narg))
     if orel is None and nrel is None:
         return CONTINUE
     if orel is None or nrel is None:
         raise OSError(errno.EXDEV, "Invalid cross-device link")
+    return orel, nrel
+
+
+def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
+    if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE):
+        raise OSError(errno.EINVAL, "Invalid argument")  # RENAME_WHITEOUT needs privilege
+    rels = _two_rels(req, session, odirfd, oarg, ndirfd, narg)
+    if rels is CONTINUE:
+        return CONTINUE
+    orel, nrel = rels
     layer = session.cow
     with layer.lock:
         old = _inside(session, located(session, req, orel, False, True))
@@ -324,13 +333,10 @@ def renameat2_(req, session):
 
 
 def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
-    opath, npath = req.read_path(oarg), req.read_path(narg)
-    orel = rel_of(session, req, odirfd, opath)
-    nrel = rel_of(session, req, ndirfd, npath)
-    if orel is None and nrel is None:
+    rels = _two_rels(req, session, odirfd, oarg, ndirfd, narg)
+    if rels is CONTINUE:
         return CONTINUE
-    if orel is None or nrel is None:
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    orel, nrel = rels
     layer = session.cow
     with layer.lock:
         old = _inside(session, located(session, req, orel, follow, True))

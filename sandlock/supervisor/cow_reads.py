@@ -107,6 +107,18 @@ def readlinkat(req, session):
     return _readlink(req, session, req.arg_int(0), 1, 2, 3)
 
 
+def _sized(req, session, data: bytes, size: int, addr: int) -> int:
+    """The xattr calls' answer: the length for size 0 (a query), ERANGE if it does not
+    fit, else the bytes written to the caller's buffer."""
+    if size == 0:
+        return len(data)
+    if len(data) > size:
+        raise OSError(errno.ERANGE, "Numerical result out of range")
+    if data:
+        write_child(req, session, addr, data)
+    return len(data)
+
+
 def _getxattr(follow):
     def handler(req, session):
         path = req.read_path(0)
@@ -122,13 +134,7 @@ def _getxattr(follow):
             if name.startswith(XATTR_PREFIX):
                 raise OSError(errno.ENODATA, "No data available")
             value = os.getxattr(loc.real, name, follow_symlinks=False)
-        if size == 0:
-            return len(value)
-        if len(value) > size:
-            raise OSError(errno.ERANGE, "Numerical result out of range")
-        if value:
-            write_child(req, session, req.args[2], value)
-        return len(value)
+        return _sized(req, session, value, size, req.args[2])
     return handler
 
 
@@ -146,13 +152,7 @@ def _listxattr(follow):
             names = [n for n in os.listxattr(loc.real, follow_symlinks=False)
                      if not n.startswith(XATTR_PREFIX)]
         data = b"".join(os.fsencode(n) + b"\0" for n in names)
-        if size == 0:
-            return len(data)
-        if len(data) > size:
-            raise OSError(errno.ERANGE, "Numerical result out of range")
-        if data:
-            write_child(req, session, req.args[1], data)
-        return len(data)
+        return _sized(req, session, data, size, req.args[1])
     return handler
 
 
