@@ -59,12 +59,18 @@ class Pipeline:
         results: list = [None] * n
 
         def collect(i):
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             with procs[i]:
-                results[i] = procs[i].communicate(timeout=left)
+                results[i] = procs[i].communicate()
         threads = [threading.Thread(target=collect, args=(i,), daemon=True) for i in range(n)]
         for t in threads:
             t.start()
+        for t in threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            # The deadline, for the whole pipeline at once, last stage first: a stage must
+            # not see EOF from a killed upstream stage and end as if it had finished.
+            for proc in reversed(procs):
+                proc.time_out()
         for t in threads:
             t.join()
         last = results[-1]

@@ -400,6 +400,14 @@ class Process:
         self._killed_by_us = self._killed_by_us or ExitReason.KILLED
         self._signal_group(signal.SIGKILL)
 
+    def time_out(self) -> None:
+        """Kill the whole sandbox because its time is up (reason TIMEOUT), unless it has
+        already ended. Under the reaping lock: the group id is still this sandbox's."""
+        with self._lock:
+            if self._status is None and self._killed_by_us is None and not self._exited(0):
+                self._killed_by_us = ExitReason.TIMEOUT
+                self._signal_group(signal.SIGKILL)
+
     def pause(self) -> None:
         self._signal_group(signal.SIGSTOP)
 
@@ -473,13 +481,12 @@ class Process:
         try:
             while sinks or (self._pidfd >= 0 and self._status is None):
                 now = time.monotonic()
-                if deadline is not None and now >= deadline and self._killed_by_us is None:
-                    self._killed_by_us = ExitReason.TIMEOUT
-                    self._signal_group(signal.SIGKILL)
+                if deadline is not None and now >= deadline and drain_deadline is None:
+                    self.time_out()
                     drain_deadline = now + _DRAIN_AFTER_KILL
                 if drain_deadline is not None and now >= drain_deadline:
                     break  # a pipe held open by something outside the group: stop reading
-                limits = [d for d in (deadline if self._killed_by_us is None else None,
+                limits = [d for d in (deadline if drain_deadline is None else None,
                                       drain_deadline) if d is not None]
                 wait = max(0.0, min(limits) - now) if limits else None
                 for key, _ in sel.select(wait):
