@@ -39,6 +39,12 @@ class AuditLog:
                 os.close(self._fd)
                 self._fd = -1
 
+    def __del__(self):  # the log lives as long as the sandboxes and filters that write it
+        try:
+            self.close()
+        except OSError:
+            pass
+
 
 def summarize(path: str, top: int = 10) -> str:
     """A readable summary of an audit log: totals, top denied destinations, by process."""

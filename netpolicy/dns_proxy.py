@@ -48,18 +48,29 @@ class DnsTcpProxy:
                 del self._clients[key]
             self._clients[client] = (ctx, now)
 
+    def forget(self, client: tuple[str, int], ctx) -> None:
+        """Drop `client`'s registration if it is still `ctx`'s (its connect failed)."""
+        with self._lock:
+            entry = self._clients.get(client)
+            if entry is not None and entry[0] is ctx:
+                del self._clients[client]
+
     def _accept_loop(self) -> None:
         while True:
             try:
                 conn, peer = self._sock.accept()
             except OSError:
                 return
-            with self._lock:
-                entry = self._clients.pop(peer[:2], None)
-            if entry is None or not self._slots.acquire(blocking=False):
-                conn.close()  # nobody we redirected, or too many at once
-                continue
-            threading.Thread(target=self._serve, args=(conn, entry[0]), daemon=True).start()
+            self._dispatch(conn, peer)
+
+    def _dispatch(self, conn, peer) -> None:
+        """A function of its own so that no context outlives its connection in a local."""
+        with self._lock:
+            entry = self._clients.pop(peer[:2], None)
+        if entry is None or not self._slots.acquire(blocking=False):
+            conn.close()  # nobody we redirected, or too many at once
+            return
+        threading.Thread(target=self._serve, args=(conn, entry[0]), daemon=True).start()
 
     def _serve(self, conn: socket.socket, ctx: DnsContext) -> None:
         deadline = time.monotonic() + IDLE_TIMEOUT

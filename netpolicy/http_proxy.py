@@ -269,27 +269,38 @@ class HttpFilterProxy:
                 raise OSError(98, f"{client} is already waiting for the HTTP filter")
             self._clients[client] = (ctx, now)
 
+    def forget(self, client: tuple[str, int], ctx) -> None:
+        """Drop `client`'s registration if it is still `ctx`'s (its connect failed)."""
+        with self._lock:
+            entry = self._clients.get(client)
+            if entry is not None and entry[0] is ctx:
+                del self._clients[client]
+
     def _accept_loop(self) -> None:
         while True:
             try:
                 conn, peer = self._sock.accept()
             except OSError:
                 return
-            with self._lock:
-                entry = self._clients.pop(peer[:2], None)
-            ctx = entry[0] if entry is not None else None
-            if ctx is None or not self._slots.acquire(blocking=False):
-                conn.close()
-                continue
-            if ctx.slots is not None and not ctx.slots.acquire(blocking=False):
-                self._slots.release()
-                self._audit(ctx, "deny", protocol="http", rule="default:quota",
-                            reason=f"more than {PER_SANDBOX} connections through the HTTP "
-                                   f"filter at once", errno="EAGAIN")
-                conn.close()
-                continue
-            threading.Thread(target=self._run, args=(conn, ctx),
-                             daemon=True, name="sandlock-http-conn").start()
+            self._dispatch(conn, peer)
+
+    def _dispatch(self, conn, peer) -> None:
+        """A function of its own so that no context outlives its connection in a local."""
+        with self._lock:
+            entry = self._clients.pop(peer[:2], None)
+        ctx = entry[0] if entry is not None else None
+        if ctx is None or not self._slots.acquire(blocking=False):
+            conn.close()
+            return
+        if ctx.slots is not None and not ctx.slots.acquire(blocking=False):
+            self._slots.release()
+            self._audit(ctx, "deny", protocol="http", rule="default:quota",
+                        reason=f"more than {PER_SANDBOX} connections through the HTTP "
+                               f"filter at once", errno="EAGAIN")
+            conn.close()
+            return
+        threading.Thread(target=self._run, args=(conn, ctx),
+                         daemon=True, name="sandlock-http-conn").start()
 
     def _run(self, conn, ctx) -> None:
         try:

@@ -31,6 +31,21 @@ class Confinement:
     degradations: tuple[str, ...]
     subreaper: bool = False  # the program adopts the sandbox's orphans (policy_fn freezes)
 
+    # The fds live exactly as long as this object: a launch holds a reference while it
+    # passes them to the child, and a Sandbox drops its Confinement when a field changes.
+    def close(self) -> None:
+        if self.bpf_fd >= 0:
+            os.close(self.bpf_fd)
+            self.bpf_fd = -1
+        if self.ruleset is not None:
+            self.ruleset.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except OSError:
+            pass
+
 
 def _build_ruleset(policy: Policy, abi: int,
                    network: bool = True) -> landlock.LandlockRuleset | None:

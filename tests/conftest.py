@@ -29,6 +29,17 @@ def run_py(sb: Sandbox, code: str, *args: str, timeout: float = 30):
     return sb.run([PY, "-c", code, *args], timeout=timeout)
 
 
+@pytest.fixture(autouse=True)
+def _close_dns_servers():
+    """Test DNS servers end with their test (their sockets and threads)."""
+    yield
+    import sys
+    module = sys.modules.get("dnsserver")
+    if module is not None:
+        while module.TestDnsServer.live:
+            module.TestDnsServer.live.pop().close()
+
+
 @pytest.fixture
 def secret_tree(tmp_path):
     """A tree with a public file and a secret; world-accessible so that an unprivileged

@@ -13,6 +13,7 @@ import dns.rrset
 
 class TestDnsServer:
     __test__ = False  # a helper, not a test class
+    live: list["TestDnsServer"] = []  # closed by conftest after each test
 
     def __init__(self, zone: dict[str, list[str]], host: str = "127.0.0.53", ttl: int = 30):
         self.zone = {k.lower().rstrip("."): v for k, v in zone.items()}
@@ -27,6 +28,7 @@ class TestDnsServer:
         self.tcp.listen(16)
         self.address = f"{host}:{self.port}"
         self._lock = threading.Lock()
+        TestDnsServer.live.append(self)
         threading.Thread(target=self._udp_loop, daemon=True).start()
         threading.Thread(target=self._tcp_loop, daemon=True).start()
 
@@ -89,5 +91,9 @@ class TestDnsServer:
             return any(q == name or q.startswith(name + ".") for q in self.queries)
 
     def close(self):
-        self.udp.close()
-        self.tcp.close()
+        for sock in (self.udp, self.tcp):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the loop blocked on it
+            except OSError:
+                pass
+            sock.close()

@@ -797,6 +797,20 @@ class EchoUpgrade:
                 if not rest:
                     return
 
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+        except OSError:
+            pass
+        self.sock.close()
+
+
+@pytest.fixture
+def echo_upgrade():
+    srv = EchoUpgrade()
+    yield srv
+    srv.close()
+
 
 WS = r"""
 import socket, sys
@@ -822,8 +836,8 @@ if b" 101 " in head.split(b"\r\n")[0]:
      ["GET /ok/ws HTTP/1.1"]),
     (["websocket"], "/admin/ws", ["HTTP/1.1 403 Forbidden"], []),  # rules still apply
 ])
-def test_websocket_only_when_allowed(upgrades, path, expect, seen):
-    srv = EchoUpgrade()
+def test_websocket_only_when_allowed(upgrades, path, expect, seen, echo_upgrade):
+    srv = echo_upgrade
     sb = sandbox(net_allow=[f"127.0.0.1:{srv.port}"], http_allow=["GET 127.0.0.1/ok/*"],
                  http_ports=[srv.port], http_upgrades=upgrades)
     r = run_py(sb, WS, str(srv.port), path)
@@ -879,8 +893,8 @@ except OSError as e:
     ("h2", True, [], [r"echo:SM\r\n\r\nping"], ["PRI * HTTP/2.0"]),
 ])
 def test_protocol_switches_only_when_the_policy_names_them(kind, allowed, args, expect,
-                                                            seen):
-    srv = EchoUpgrade()
+                                                            seen, echo_upgrade):
+    srv = echo_upgrade
     sb = sandbox(net_allow=[f"127.0.0.1:{srv.port}"],
                  http_allow=["GET 127.0.0.1/ok/*", "* tunnel.test"], http_ports=[srv.port],
                  http_upgrades=[kind] if allowed else None)

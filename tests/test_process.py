@@ -1,6 +1,7 @@
 """Process lifecycle: exit status, signals, timeouts that kill the whole tree, stdio, env,
 concurrency and resource hygiene."""
 
+import gc
 import os
 import signal
 import threading
@@ -129,29 +130,51 @@ def test_fifty_concurrent_sandboxes_from_threads():
         assert r.success and r.stdout == f"{i}\n".encode(), (i, r)
 
 
+def _open_fds() -> dict[str, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def _fds_added_since(before: dict[str, str], settle: float = 5.0) -> dict[str, str]:
+    """fds open now that were not open (as the same object) in `before`; fds of earlier
+    tests that close meanwhile do not count. Listeners close when the kernel reports HUP,
+    so the check waits a little for them."""
+    deadline = time.monotonic() + settle
+    while True:
+        gc.collect()
+        added = {fd: t for fd, t in _open_fds().items() if before.get(fd) != t}
+        if not added or time.monotonic() > deadline:
+            return added
+        time.sleep(0.05)
+
+
 def test_no_fd_leak_after_200_runs():
     sb = sandbox()
     sb.run(["true"])  # builds the kernel objects once
     time.sleep(0.2)
-    before = sorted(os.listdir("/proc/self/fd"))
+    before = _open_fds()
     for _ in range(200):
         assert sb.run(["true"]).success
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # listeners close when the kernel reports HUP
-        after = sorted(os.listdir("/proc/self/fd"))
-        if len(after) == len(before):
-            break
-        time.sleep(0.05)
-    def targets(fds):
-        out = {}
-        for fd in fds:
-            try:
-                out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                pass
-        return out
-    assert len(after) == len(before), {fd: t for fd, t in targets(after).items()
-                                       if fd not in before}
+    assert _fds_added_since(before) == {}
+
+
+def test_sandboxes_release_their_kernel_objects(tmp_path):
+    """Each Sandbox builds a Landlock ruleset and a sealed BPF memfd (and opens its audit
+    log); dropping the Sandbox, or changing a field, which rebuilds them, must close them."""
+    before = _open_fds()
+    for i in range(30):
+        sb = sandbox(audit_log=str(tmp_path / f"audit{i % 2}.jsonl"),
+                     net_allow=["127.0.0.1:9"]) if i % 2 else sandbox()
+        assert sb.run(["true"]).success
+        sb.env = {"ROUND": str(i)}  # drops the built objects
+        assert sb.run(["true"]).success
+        del sb
+    assert _fds_added_since(before) == {}
 
 
 def test_sandbox_fields_are_validated_on_change(tmp_path):

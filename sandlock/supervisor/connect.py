@@ -120,7 +120,12 @@ def _redirect(fd, domain, proxy, ctx):
             raise
     client = struct.unpack_from("!H", sockets.getsockname(fd), 2)[0]
     proxy.expect((host, client), ctx)
-    sockets.connect(fd, remote)
+    try:
+        sockets.connect(fd, remote)
+    except OSError as e:
+        if e.errno not in (errno.EINPROGRESS, errno.EALREADY, errno.EINTR):
+            proxy.forget((host, client), ctx)  # no connection will claim it
+        raise
     return 0
 
 
