@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 HELPER := sandlock/_libexec/sandlock-exec
 FORKLOOP := sandlock/_libexec/libsandlock-fork.so
+FASTCONNECT := sandlock/_libexec/libsandlock-fastconnect.so
 
 .PHONY: setup helper demo test bench clean
 
@@ -18,13 +19,16 @@ $(BIN)/.installed: pyproject.toml scripts/setup-system
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat  # a .pth path entry: no import hook at every start
 	touch $@
 
-helper: $(HELPER) $(FORKLOOP)
+helper: $(HELPER) $(FORKLOOP) $(FASTCONNECT)
 
 $(HELPER): sandlock/_libexec/sandlock-exec.c
 	cc -O2 -Wall -Wextra -Werror -static -o $@ $<
 
 $(FORKLOOP): sandlock/_libexec/forkloop.c
 	cc -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
+
+$(FASTCONNECT): sandlock/_libexec/fastconnect.c
+	cc -O2 -Wall -Wextra -Werror -shared -fPIC -pthread -o $@ $<
 
 demo: setup
 	$(BIN)/python examples/demo.py
@@ -37,4 +41,4 @@ bench: setup
 	$(BIN)/python bench/update_readme.py
 
 clean:
-	rm -rf $(VENV) $(HELPER) build *.egg-info
+	rm -rf $(VENV) $(HELPER) $(FORKLOOP) $(FASTCONNECT) build *.egg-info

@@ -17,8 +17,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from harness import ROOT, UPSTREAM_VERSION, check_imports, ensure_setup, rotations, \
-    start_workers, stats, verdict
+from harness import OURS_PY, ROOT, UPSTREAM_VERSION, Worker, check_imports, ensure_setup, \
+    rotations, start_workers, stats, verdict
 
 NAME = "connect"
 HOST, DENIED_HOST = "127.0.0.2", "127.0.0.3"
@@ -58,7 +58,7 @@ print(" ".join(map(str, ts)))
 @dataclass
 class Peer:
     name: str
-    worker: str  # ours | upstream | plain
+    worker: str  # ours | ours_python (C fast path switched off) | upstream | plain
     policy: dict | None  # network fields (with FS added); None: no sandbox
     denied: tuple | None  # a destination the rule must refuse (a listener is there)
     about: str
@@ -72,8 +72,9 @@ def _peers(port, decoy_port, dns):
         Peer("bare", "plain", None, None, "the same program under plain `subprocess.run`"),
         Peer("ours_port", "ours", {"net_allow": [port_rule]}, other_port,
              f'`net_allow=["{port_rule}"]`: connect() reaches the supervisor (unix-socket '
-             "gating; the bare form also grants UDP), which lets it continue; Landlock "
-             "checks the port in the kernel", "upstream_port"),
+             "gating; the bare form also grants UDP), whose C fast path lets it continue "
+             "(single-threaded caller); Landlock checks the port in the kernel",
+             "upstream_port"),
         Peer("ours_port_unix", "ours", {"net_allow": [port_rule], "net_allow_unix": ["*"]},
              other_port, f'`net_allow=["{port_rule}"], net_allow_unix=["*"]`',
              "upstream_port"),
@@ -82,8 +83,13 @@ def _peers(port, decoy_port, dns):
              f'`net_allow=["tcp://{port_rule}"], net_allow_unix=["*"]`: TCP only, so '
              "nothing needs the supervisor: Landlock alone decides", "upstream_tcp_port"),
         Peer("ours_ip", "ours", {"net_allow": [ip_rule]}, other_host,
-             f'`net_allow=["{ip_rule}"]`: the supervisor decides and connects on the '
-             "sandbox's behalf", "upstream_ip"),
+             f'`net_allow=["{ip_rule}"]`: the supervisor decides (in Python, the first time) '
+             "and connects on the sandbox's behalf (in C once the verdict is known)",
+             "upstream_ip"),
+        Peer("ours_ip_python", "ours_python", {"net_allow": [ip_rule]}, other_host,
+             f"the same as ours_ip with the C fast path switched off "
+             "(SANDLOCK_NO_FASTPATH=1): every connect decided and performed in Python",
+             "upstream_ip"),
         Peer("ours_host", "ours", {"net_allow": [f"{DNS_NAME}:{port}"],
                                    "dns_servers": [dns], "net_allow_private": True},
              other_host, f'`net_allow=["{DNS_NAME}:{port}"]`, resolved (to {HOST}) through '
@@ -163,7 +169,7 @@ def _verify(workers, peers, dest, log):
         out = r.get("out", "").strip()
         if out.startswith("refused"):
             denials[peer.name] = f"{peer.denied[0]}:{peer.denied[1]} {out}"
-        elif peer.worker == "ours":
+        elif peer.worker.startswith("ours"):
             raise RuntimeError(f"connect: {peer.name} did not refuse {peer.denied}: "
                                f"{r['err']} {out[:200]!r}")
         else:
@@ -184,11 +190,16 @@ def run(rounds=10, connects=2000, warmup=200, quick=False,
     peers = _peers(port, listeners[2].getsockname()[1], dns.address)
     dest = (HOST, port)
     workers = start_workers()
+    workers["ours_python"] = Worker(OURS_PY, env={"SANDLOCK_NO_FASTPATH": "1"})
     try:
         imports = check_imports(workers)
+        for name, want in (("ours", True), ("ours_python", False)):
+            if workers[name].ask({"op": "info"})["fast_path"] is not want:
+                raise RuntimeError(f"connect: worker {name}: the C fast path should be "
+                                   f"{'loaded' if want else 'off'} (make helper)")
         supervised = {}
         for p in peers:
-            if p.worker == "ours":
+            if p.worker.startswith("ours"):
                 info = workers["ours"].ask({"op": "info", "policy": {**FS, **p.policy}})
                 supervised[p.name] = info["net_supervised"]
         log(f"connect: {HOST}:{port}, {rounds} rounds x {connects} connects")
@@ -213,7 +224,7 @@ def run(rounds=10, connects=2000, warmup=200, quick=False,
     st = {name: stats(ns, unit=1e3) for name, ns in samples.items()}
     ratios = {}
     for p in peers:
-        if p.worker == "ours" and p.name in st:
+        if p.worker.startswith("ours") and p.name in st:
             med = st[p.name]["median"]
             ratios[p.name] = {
                 "vs_bare": med / st["bare"]["median"],

@@ -1,6 +1,7 @@
 """Pieces shared by the benchmarks: paths, the worker client, statistics, wording."""
 
 import json
+import os
 import math
 import shutil
 import statistics
@@ -26,11 +27,12 @@ def ensure_setup():
 class Worker:
     """A bench/worker.py child under a given interpreter; ask() sends one request."""
 
-    def __init__(self, python):
+    def __init__(self, python, env=None):
         # -I: isolated mode, so neither PYTHONPATH nor the cwd can pick the wrong sandlock.
         self.proc = subprocess.Popen([str(python), "-I", str(WORKER)], cwd="/",
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1,
+                                     env={**os.environ, **env} if env else None)
 
     def ask(self, req):
         self.proc.stdin.write(json.dumps(req) + "\n")

@@ -140,6 +140,11 @@ def handle(req):
         if "policy" in req:  # ours: does connect() reach the supervisor under this policy?
             compiled = getattr(_sandbox(req["policy"]), "policy", None)
             reply["net_supervised"] = getattr(compiled, "net_supervised", None)
+        try:  # ours: is the supervisor's C fast path loaded?
+            from sandlock.supervisor.fastpath import fast_path
+            reply["fast_path"] = fast_path() is not None
+        except ImportError:
+            reply["fast_path"] = None
         return reply
     try:
         if req["op"] == "fork":

@@ -71,17 +71,21 @@ class Resolver:
 
 
 class Pins:
-    """address -> {name: expiry}; thread-safe."""
+    """address -> {name: expiry}; thread-safe. `on_change` callables run after every
+    record (outside the lock): whoever remembers verdicts made from pins forgets them."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._names: dict[IPAddress, dict[str, float]] = {}
+        self.on_change: list = []
 
     def record(self, name: str, addresses, ttl: int) -> None:
         expiry = time.monotonic() + ttl
         with self._lock:
             for a in addresses:
                 self._names.setdefault(a, {})[name] = expiry
+        for callback in self.on_change:
+            callback()
 
     def names_for(self, address: IPAddress) -> tuple[str, ...]:
         now = time.monotonic()
@@ -90,6 +94,13 @@ class Pins:
             if not entry:
                 return ()
             return tuple(n for n, exp in entry.items() if exp > now)
+
+    def expiry(self, address: IPAddress) -> float | None:
+        """When names_for(address) first changes by expiry (None: no live name)."""
+        now = time.monotonic()
+        with self._lock:
+            live = [exp for exp in (self._names.get(address) or {}).values() if exp > now]
+        return min(live) if live else None
 
 
 def question_names(wire: bytes) -> list[tuple[str, int]]:

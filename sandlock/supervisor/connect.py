@@ -16,6 +16,7 @@ from .network import (AF_INET, AF_INET6, AF_UNIX, AF_UNSPEC, CONTINUE, SOCK_DGRA
                       SOCK_STREAM, Frozen, abstract_granted, deny, inet_verdict, parse_sockaddr,
                       proc_fd_sockaddr, protocol_of, run_action, single_threaded,
                       socket_info_of, unix_target)
+from .fastpath import expiry, fast_path
 from .request import Denied, Request
 
 def connect(req: Request, session):
@@ -50,6 +51,7 @@ def connect(req: Request, session):
         os.close(fd)
         raise Denied(errno.EAFNOSUPPORT, "address family does not match the socket")
     protocol = protocol_of(domain, stype, proto)
+    generation = fast_path().generation if session.fast else 0
     if net.is_dns(dest):
         if protocol == "tcp":  # a worker: even a local connect can wait on a full backlog
             return run_action(fd, True, lambda: _redirect_dns(req, session, fd, domain))
@@ -68,6 +70,10 @@ def connect(req: Request, session):
         from netpolicy.http_proxy import http_proxy
         ctx = net.http_context(req, session, dest)
         return run_action(fd, True, lambda: _redirect(fd, domain, http_proxy(), ctx))
+    if session.fast and protocol == "tcp" and dest.family == domain:
+        # A plain allowed TCP connect: the C fast path may replay this verdict (fastpath.py)
+        fast_path().learn(req.listener, domain, dest.raw, expiry(session, dest.address),
+                          generation)
     # The pidfd behind our duplicate was checked with ID_VALID when it was opened, so the
     # socket is the caller's even if the caller has died since.
     return connect_action(fd, dest.raw, stype)

@@ -27,6 +27,7 @@ import time
 
 from .._kernel import caps, seccomp
 from . import connect, execve, lifecycle, metadata, opens, send
+from .fastpath import eligible, fast_path
 from .freeze import Freeze, FreezeError
 from .network import CONTINUE, Defer, Frozen, Inject
 from .request import Denied, Request, thread_group
@@ -107,6 +108,7 @@ class Session:
         self.runtime = runtime  # supervisor.runtime.Runtime when there is a policy_fn
         self.cow = None         # sandlock.cow.CowLayer when there is a copy-on-write workdir
         self.cow_max_disk = None
+        self.fast = False       # the C fast path answers some of its connects (fastpath.py)
         self.denials: list[dict] = []
         self.denied_count = 0
         self.deferred = 0  # on-behalf calls in progress on worker threads
@@ -178,6 +180,9 @@ class Supervisor:
         self._thread_state = threading.local()
         self._pending: set = set()  # (listener, notif id, Guard) of deferred calls
         self._pending_lock = threading.Lock()
+        self._fast = fast_path()
+        if self._fast is not None:
+            self._fast.init()
         self._thread = threading.Thread(target=self._serve, name="sandlock-supervisor",
                                         daemon=True)
         self._thread.start()
@@ -198,6 +203,8 @@ class Supervisor:
         """Take ownership of `listener` and serve it until every task using it is gone."""
         session.pgid = pgid
         session.listener = listener
+        if self._fast is not None and eligible(session, self._acts_with_caps(session)):
+            session.fast = self._fast.enable(listener, session.net.tcp_by_landlock)
         with self._lock:
             self._sessions[listener] = session
         self._epoll.register(listener, select.EPOLLIN)
@@ -209,35 +216,46 @@ class Supervisor:
             self._epoll.unregister(listener)
         except OSError:
             pass
+        if self._fast is not None:
+            self._fast.disable(listener)
         os.close(listener)
         if session is not None:
             session.released.set()
 
     def _serve(self) -> None:
         notif = seccomp.Notif()
+        fast = self._fast
         while True:
+            timeout = PENDING_CHECK if self._pending else -1
             try:
-                events = self._epoll.poll(PENDING_CHECK if self._pending else -1)
+                if fast is not None:  # the C fast path waits, and answers what it can
+                    event = fast.wait(self._epoll.fileno(), timeout, notif)
+                    events = [event] if event is not None else []
+                else:
+                    events = [(fd, ev, False) for fd, ev in self._epoll.poll(timeout)]
             except InterruptedError:
                 continue
             if self._pending:
                 self._abort_orphans()
-            for fd, ev in events:
+            for fd, ev, received in events:
                 try:
-                    self._handle_event(fd, ev, notif)
+                    self._handle_event(fd, ev, notif, received)
                 except Exception as e:  # the loop must outlive any single failure
                     print(f"sandlock: supervisor: {e!r}", file=sys.stderr)
 
-    def _handle_event(self, fd: int, ev: int, notif) -> None:
+    def _handle_event(self, fd: int, ev: int, notif, received: bool) -> None:
         with self._lock:
             session = self._sessions.get(fd)
         if session is None:
+            if received:  # answered exactly once, even for a listener being dropped
+                seccomp.notif_send(fd, notif.id, 0, -errno.EPERM)
             return
-        if ev & select.EPOLLIN:
-            try:
-                seccomp.notif_recv(fd, notif)
-            except OSError:
-                return  # the task died between poll and recv (ENOENT)
+        if received or ev & select.EPOLLIN:
+            if not received:
+                try:
+                    seccomp.notif_recv(fd, notif)
+                except OSError:
+                    return  # the task died between poll and recv (ENOENT)
             session.received(notif.id, notif.pid)
             try:
                 self._answer(fd, session, notif)
@@ -246,6 +264,10 @@ class Supervisor:
                 raise
         elif ev & (select.EPOLLHUP | select.EPOLLERR):
             self._drop(fd)
+
+    def _acts_with_caps(self, session: Session) -> bool:
+        return self._privileged and bool(session.policy.keep_caps
+                                         & self._base_caps.mask("permitted"))
 
     def _act_as(self, session: Session) -> None:
         """Give the calling thread (the loop or a worker) the sandbox's effective

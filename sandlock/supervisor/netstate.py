@@ -58,6 +58,8 @@ class NetState:
             from netpolicy.dns import Pins, Resolver
             self.resolver = Resolver(list(policy.dns_servers) or None)
             self.pins = Pins()
+            from .fastpath import forget_all
+            self.pins.on_change.append(forget_all)  # verdicts replayed in C rest on pins
             self.dns_servers = {(canonical_address(h), p) for h, p in self.resolver.servers}
 
     def is_dns(self, dest) -> bool:

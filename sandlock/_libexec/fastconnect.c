@@ -1,0 +1,546 @@
+/* The supervisor's fast path for connect(), in C (sandlock/supervisor/fastpath.py).
+ *
+ * The Python supervisor thread waits for notifications by calling sl_fast_wait(), which
+ * runs without the GIL. For a listener the Python side has enabled, this code receives the
+ * notification itself and answers two kinds of connect() without Python:
+ *
+ *  1. CONTINUE for a TCP socket (AF_INET/AF_INET6, SOCK_STREAM) of a single-threaded
+ *     process when Landlock decides every TCP destination (the listener's SL_CONTINUE_TCP
+ *     flag): exactly what supervisor/connect.py decides in that case.
+ *  2. An on-behalf connect to a destination the Python decision code has already allowed
+ *     for this listener (sl_fast_learn: socket family, address, port), performed on a
+ *     duplicate of the child's socket by a worker thread with no effective capabilities.
+ *
+ * Everything else (other syscalls, unknown destinations, any failure along the way) is
+ * handed to Python with the notification already received. This code never denies and
+ * never decides a destination itself: it only replays verdicts Python gave, and Python
+ * forgets them (sl_fast_flush) whenever their inputs change (DNS pins, expiry).
+ *
+ * Invariants, where they are enforced below:
+ *  - The address is copied out of the child once (process_vm_readv) and the copy is what
+ *    is looked up and connected to.
+ *  - The pidfd is checked against the notification (ID_VALID) after it is opened, so the
+ *    duplicated socket is the caller's even if its pid number was reused.
+ *  - A blocking connect never runs on the waiting thread: workers do it, and a worker's
+ *    call is shut down when its caller's notification disappears (the caller died).
+ *  - Answers go through the entry's own duplicate of the listener, so a listener closed
+ *    and its number reused meanwhile can never receive another filter's answer.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/capability.h>
+#include <linux/seccomp.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#define SL_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define SL_ARCH AUDIT_ARCH_AARCH64
+#else
+#error "unsupported architecture"
+#endif
+
+#define SL_CONTINUE_TCP 1u   /* listener flag: Landlock decides every TCP destination */
+#define MAX_LISTENER_FD 4096
+#define CACHE_SLOTS 128      /* allowed destinations remembered per listener */
+#define MAX_INFLIGHT 32      /* on-behalf connects per listener (Python: MAX_DEFERRED) */
+#define MAX_WORKERS 64
+#define QUEUE_LEN 256
+#define ORPHAN_CHECK_MS 200
+
+struct dest {
+    uint8_t used, family, len;
+    uint16_t port;
+    uint8_t addr[16];
+    int64_t expires_ns;      /* CLOCK_MONOTONIC; INT64_MAX: until flushed */
+};
+
+struct entry {
+    int own;                 /* our duplicate of the listener: every answer goes here */
+    unsigned flags;
+    int refs;                /* the table's reference + one per job in flight */
+    int inflight;
+    struct dest cache[CACHE_SLOTS];
+};
+
+struct job {
+    struct entry *e;
+    uint64_t id;
+    int sock;                /* our duplicate of the child's socket */
+    int shut;                /* shut down already (its caller is gone) */
+    int done;
+    socklen_t len;
+    unsigned char addr[128];
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;    /* everything below */
+static pthread_cond_t queued = PTHREAD_COND_INITIALIZER;
+static struct entry *table[MAX_LISTENER_FD];
+static struct job *queue[QUEUE_LEN];
+static int q_head, q_count;
+static struct job *running[QUEUE_LEN + MAX_WORKERS];        /* jobs handed out, not done */
+static int n_running, n_workers, n_idle;
+static pid_t owner_pid;
+static uint64_t stat_continue, stat_connect, stat_python;
+
+static struct epoll_event pending_events[16];                        /* the waiting thread's only */
+static int ev_pos, ev_count;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void unref(struct entry *e) {  /* with lock held */
+    if (--e->refs == 0) {
+        close(e->own);
+        free(e);
+    }
+}
+
+/* Called by each new Supervisor before its thread starts, so with no other caller. In a
+ * forked child the parent's table, workers and lock state are not ours: start empty (the
+ * inherited fds are the parent's business: close-on-exec). */
+void sl_fast_init(void) {
+    if (owner_pid == getpid())
+        return;
+    pthread_mutex_init(&lock, NULL);
+    pthread_cond_init(&queued, NULL);
+    memset(table, 0, sizeof table);
+    q_head = q_count = n_running = n_workers = n_idle = 0;
+    ev_pos = ev_count = 0;
+    owner_pid = getpid();
+}
+
+int sl_fast_enable(int listener, unsigned flags) {
+    if (listener < 0 || listener >= MAX_LISTENER_FD)
+        return -EINVAL;
+    struct entry *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return -ENOMEM;
+    e->own = fcntl(listener, F_DUPFD_CLOEXEC, 0);
+    if (e->own < 0) {
+        int err = errno;
+        free(e);
+        return -err;
+    }
+    e->flags = flags;
+    e->refs = 1;
+    pthread_mutex_lock(&lock);
+    if (table[listener] != NULL)
+        unref(table[listener]);
+    table[listener] = e;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+/* Called before the listener is closed: its number may be reused at once. */
+void sl_fast_disable(int listener) {
+    if (listener < 0 || listener >= MAX_LISTENER_FD)
+        return;
+    pthread_mutex_lock(&lock);
+    if (table[listener] != NULL) {
+        unref(table[listener]);
+        table[listener] = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* The key of a sockaddr of a socket of `family`; 0 if it is not one we remember. */
+static int dest_of(int family, const unsigned char *sa, size_t len, struct dest *d) {
+    uint16_t fam;
+    if (len < sizeof fam)
+        return 0;
+    memcpy(&fam, sa, sizeof fam);
+    if (fam != family)
+        return 0;
+    memset(d, 0, sizeof *d);
+    d->family = (uint8_t)family;
+    if (family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        struct sockaddr_in in;
+        memcpy(&in, sa, sizeof in);
+        d->port = ntohs(in.sin_port);
+        d->len = 4;
+        memcpy(d->addr, &in.sin_addr, 4);
+        return 1;
+    }
+    if (family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        struct sockaddr_in6 in6;
+        memcpy(&in6, sa, sizeof in6);
+        if (in6.sin6_scope_id != 0)
+            return 0;  /* link-local scopes: Python's business every time */
+        d->port = ntohs(in6.sin6_port);
+        d->len = 16;
+        memcpy(d->addr, &in6.sin6_addr, 16);
+        return 1;
+    }
+    return 0;
+}
+
+static int same(const struct dest *a, const struct dest *b) {
+    return a->family == b->family && a->len == b->len && a->port == b->port
+           && memcmp(a->addr, b->addr, a->len) == 0;
+}
+
+/* Remember that Python allowed an on-behalf TCP connect of a `family` socket to the
+ * sockaddr `sa` on this listener, until `expires_ns` (CLOCK_MONOTONIC; <0: until flushed). */
+int sl_fast_learn(int listener, int family, const unsigned char *sa, size_t len,
+                  int64_t expires_ns) {
+    struct dest d;
+    if (listener < 0 || listener >= MAX_LISTENER_FD || !dest_of(family, sa, len, &d))
+        return -EINVAL;
+    d.used = 1;
+    d.expires_ns = expires_ns < 0 ? INT64_MAX : expires_ns;
+    int64_t now = now_ns();
+    int rc = -ENOSPC;
+    pthread_mutex_lock(&lock);
+    struct entry *e = table[listener];
+    if (e == NULL) {
+        rc = -ENOENT;
+    } else {
+        int free_slot = -1;
+        for (int i = 0; i < CACHE_SLOTS; i++) {
+            struct dest *c = &e->cache[i];
+            if (c->used && same(c, &d)) {
+                free_slot = i;
+                break;
+            }
+            if (free_slot < 0 && (!c->used || c->expires_ns <= now))
+                free_slot = i;
+        }
+        if (free_slot >= 0) {
+            e->cache[free_slot] = d;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* Forget the verdicts of one listener (-1: of all). */
+void sl_fast_flush(int listener) {
+    pthread_mutex_lock(&lock);
+    for (int fd = 0; fd < MAX_LISTENER_FD; fd++) {
+        if (table[fd] != NULL && (listener < 0 || fd == listener))
+            memset(table[fd]->cache, 0, sizeof table[fd]->cache);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void sl_fast_stats(uint64_t out[4]) {
+    pthread_mutex_lock(&lock);
+    out[0] = stat_continue;
+    out[1] = stat_connect;
+    out[2] = stat_python;
+    out[3] = (uint64_t)n_running;
+    pthread_mutex_unlock(&lock);
+}
+
+static int respond(int listener, uint64_t id, int error, unsigned flags) {
+    struct seccomp_notif_resp resp = {.id = id, .val = 0, .error = error, .flags = flags};
+    return ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+}
+
+static int id_valid(int listener, uint64_t id) {
+    return ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &id) == 0;
+}
+
+/* A worker acts with no effective capabilities, whatever the supervisor holds: the fast
+ * path serves only sandboxes that keep none (as supervisor/loop.py's _act_as does). */
+static int drop_effective_caps(void) {
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) != 0)
+        return -1;
+    d[0].effective = d[1].effective = 0;
+    return (int)syscall(SYS_capset, &h, d);
+}
+
+static void finish(struct job *j, int error) {
+    respond(j->e->own, j->id, error, 0);
+    pthread_mutex_lock(&lock);
+    /* The socket is closed under the lock: the orphan check never shuts down a number
+     * that was reused after this close. */
+    close(j->sock);
+    j->done = 1;
+    for (int i = 0; i < n_running; i++) {
+        if (running[i] == j) {
+            running[i] = running[--n_running];
+            break;
+        }
+    }
+    j->e->inflight--;
+    unref(j->e);
+    pthread_mutex_unlock(&lock);
+    free(j);
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    int caps_ok = drop_effective_caps() == 0;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        n_idle++;
+        while (q_count == 0)
+            pthread_cond_wait(&queued, &lock);
+        n_idle--;
+        struct job *j = queue[q_head];
+        q_head = (q_head + 1) % QUEUE_LEN;
+        q_count--;
+        pthread_mutex_unlock(&lock);
+        if (!caps_ok) {
+            finish(j, -EPERM);  /* fail closed: never act with the supervisor's privilege */
+            continue;
+        }
+        int rc = connect(j->sock, (struct sockaddr *)j->addr, j->len);
+        finish(j, rc == 0 ? 0 : -errno);
+    }
+    return NULL;
+}
+
+/* Queue `j` for a worker, starting one if none is idle. With lock held; 0 or -1. */
+static int submit(struct job *j) {
+    if (q_count == QUEUE_LEN)
+        return -1;
+    if (n_idle <= q_count && n_workers < MAX_WORKERS) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        int rc = pthread_create(&t, &attr, worker, NULL);
+        pthread_attr_destroy(&attr);
+        if (rc == 0)
+            n_workers++;
+        else if (n_workers == 0)
+            return -1;
+    }
+    queue[(q_head + q_count) % QUEUE_LEN] = j;
+    q_count++;
+    running[n_running++] = j;
+    pthread_cond_signal(&queued);
+    return 0;
+}
+
+static int read_proc(pid_t pid, const char *file, char *buf, size_t size) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    return 0;
+}
+
+static pid_t tgid_of(pid_t tid) {
+    char buf[1024];
+    if (read_proc(tid, "status", buf, sizeof buf) != 0)
+        return -1;
+    char *p = strstr(buf, "\nTgid:");
+    return p != NULL ? (pid_t)atoi(p + 6) : -1;
+}
+
+static int num_threads(pid_t pid) {
+    char buf[1024];
+    if (read_proc(pid, "stat", buf, sizeof buf) != 0)
+        return -1;
+    char *p = strrchr(buf, ')');  /* the command name may contain anything but ')' last */
+    if (p == NULL)
+        return -1;
+    p += 2;  /* field 3 (state) */
+    for (int field = 3; field < 20; field++) {
+        p = strchr(p, ' ');
+        if (p == NULL)
+            return -1;
+        p++;
+    }
+    return atoi(p);  /* field 20: num_threads */
+}
+
+/* 1: answered here; 0: Python's. */
+static int fast(int listener, struct seccomp_notif *n) {
+    if (n->data.nr != SYS_connect || n->data.arch != SL_ARCH)
+        return 0;
+    pthread_mutex_lock(&lock);
+    struct entry *e = table[listener];
+    unsigned flags = e != NULL ? e->flags : 0;
+    int has_cache = 0;
+    if (e != NULL)
+        for (int i = 0; i < CACHE_SLOTS && !has_cache; i++)
+            has_cache = e->cache[i].used;
+    pthread_mutex_unlock(&lock);
+    if (e == NULL || (!(flags & SL_CONTINUE_TCP) && !has_cache))
+        return 0;
+    int child_fd = (int)n->data.args[0];
+    uint32_t len = (uint32_t)n->data.args[2];
+    if (child_fd < 0 || len < sizeof(struct sockaddr_in) || len > 128)
+        return 0;
+    /* fd tables belong to the thread group: a pidfd on the process, whose id is read
+     * for a thread that is not the leader. Checked with ID_VALID once opened: the caller
+     * was alive all along, so neither number can have been reused. */
+    int pidfd = (int)syscall(SYS_pidfd_open, n->pid, 0);
+    if (pidfd < 0 && (errno == EINVAL || errno == ENOENT)) {
+        pid_t tgid = tgid_of(n->pid);
+        if (tgid > 0)
+            pidfd = (int)syscall(SYS_pidfd_open, tgid, 0);
+    }
+    if (pidfd < 0)
+        return 0;
+    if (!id_valid(listener, n->id)) {
+        close(pidfd);
+        return 0;
+    }
+    int sock = (int)syscall(SYS_pidfd_getfd, pidfd, child_fd, 0);
+    close(pidfd);
+    if (sock < 0)
+        return 0;
+    int domain = 0, type = 0;
+    socklen_t ol = sizeof domain;
+    if (getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &ol) != 0
+        || (ol = sizeof type, getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &ol)) != 0
+        || (domain != AF_INET && domain != AF_INET6) || type != SOCK_STREAM) {
+        close(sock);
+        return 0;
+    }
+    if ((flags & SL_CONTINUE_TCP) && num_threads(n->pid) == 1) {
+        /* Landlock checks the port whatever address the kernel re-reads, and no other
+         * thread can swap the fd number for another socket before it does. */
+        close(sock);
+        respond(listener, n->id, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);  /* ENOENT: died */
+        pthread_mutex_lock(&lock);
+        stat_continue++;
+        pthread_mutex_unlock(&lock);
+        return 1;
+    }
+    struct job *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        close(sock);
+        return 0;
+    }
+    struct iovec local = {j->addr, len}, remote = {(void *)(uintptr_t)n->data.args[1], len};
+    struct dest d;
+    if (syscall(SYS_process_vm_readv, n->pid, &local, 1, &remote, 1, 0) != (ssize_t)len
+        || !dest_of(domain, j->addr, len, &d)) {
+        close(sock);
+        free(j);
+        return 0;
+    }
+    int64_t now = now_ns();
+    int queued_ok = 0;
+    pthread_mutex_lock(&lock);
+    e = table[listener];
+    if (e != NULL && e->inflight < MAX_INFLIGHT) {
+        for (int i = 0; i < CACHE_SLOTS; i++) {
+            struct dest *c = &e->cache[i];
+            if (c->used && c->expires_ns > now && same(c, &d)) {
+                j->e = e;
+                j->id = n->id;
+                j->sock = sock;
+                j->len = len;
+                e->refs++;
+                e->inflight++;
+                if (submit(j) == 0) {
+                    queued_ok = 1;
+                    stat_connect++;
+                } else {
+                    e->refs--;
+                    e->inflight--;
+                }
+                break;
+            }
+        }
+    }
+    if (!queued_ok)
+        stat_python++;
+    pthread_mutex_unlock(&lock);
+    if (!queued_ok) {
+        close(sock);
+        free(j);
+    }
+    return queued_ok;
+}
+
+/* Shut down the socket of every on-behalf connect whose caller is gone. */
+static void abort_orphans(void) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < n_running; i++) {
+        struct job *j = running[i];
+        if (!j->shut && !id_valid(j->e->own, j->id)) {
+            shutdown(j->sock, SHUT_RDWR);
+            j->shut = 1;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* Wait on `epfd` (the supervisor's epoll set of listeners) for up to timeout_ms (-1: no
+ * limit). Returns the fd of an event for Python with *events set; *received is 1 if the
+ * notification was received into `out` (Python must answer it). Returns -ETIMEDOUT when
+ * the time ran out, -errno on an epoll error. */
+int sl_fast_wait(int epfd, int timeout_ms, struct seccomp_notif *out, uint32_t *events,
+                 int *received) {
+    int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ns() + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        while (ev_pos < ev_count) {
+            struct epoll_event ev = pending_events[ev_pos++];
+            int fd = ev.data.fd;
+            *events = ev.events;
+            *received = 0;
+            pthread_mutex_lock(&lock);
+            int ours = fd >= 0 && fd < MAX_LISTENER_FD && table[fd] != NULL;
+            pthread_mutex_unlock(&lock);
+            if (!ours || !(ev.events & EPOLLIN))
+                return fd;
+            memset(out, 0, sizeof *out);
+            if (ioctl(fd, SECCOMP_IOCTL_NOTIF_RECV, out) != 0) {
+                if (ev.events & (EPOLLHUP | EPOLLERR)) {
+                    *events = ev.events & ~(uint32_t)EPOLLIN;
+                    return fd;
+                }
+                continue;  /* the task died between the wait and the receive */
+            }
+            if (fast(fd, out))
+                continue;
+            *received = 1;
+            return fd;
+        }
+        int64_t left = deadline - now_ns();
+        if (left <= 0)
+            return -ETIMEDOUT;
+        pthread_mutex_lock(&lock);
+        int busy = n_running > 0;
+        pthread_mutex_unlock(&lock);
+        int wait_ms = deadline == INT64_MAX ? -1 : (int)((left + 999999) / 1000000);
+        if (busy && (wait_ms < 0 || wait_ms > ORPHAN_CHECK_MS))
+            wait_ms = ORPHAN_CHECK_MS;
+        ev_pos = 0;
+        ev_count = epoll_wait(epfd, pending_events, 16, wait_ms);
+        if (ev_count < 0) {
+            int err = errno;
+            ev_count = 0;
+            if (err != EINTR)
+                return -err;
+        }
+        if (busy)
+            abort_orphans();
+    }
+}

@@ -1,0 +1,137 @@
+"""The C fast path for connect() (sandlock/_libexec/fastconnect.c, built by `make helper`).
+
+The supervisor thread waits for notifications inside the library, without the GIL. For a
+sandbox the loop enables, the library answers by itself the connects whose verdict is
+already known: CONTINUE for a TCP socket of a single-threaded process when Landlock decides
+every TCP port (as connect.py would), and an on-behalf connect to a destination connect.py
+allowed before for the same sandbox (`learn`). Everything else reaches Python, received.
+
+What may be replayed is decided here, in one place:
+- only sandboxes without a policy_fn (no freezes, no per-process rules), without audit
+  records of allowed calls, and whose supervisor thread acts without capabilities;
+- only plain TCP connects Python allowed: never a denial, never a DNS or HTTP redirect;
+- a verdict that rests on DNS pins expires with them, and every change of any pins
+  forgets all verdicts (`forget_all`).
+
+Without the library every connect takes the Python path: same decisions, slower.
+SANDLOCK_NO_FASTPATH=1 forces that (benchmarks compare the two).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import threading
+
+LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "_libexec", "libsandlock-fastconnect.so")
+CONTINUE_TCP = 1
+
+
+class FastPath:
+    def __init__(self, lib):
+        self._lib = lib
+        lib.sl_fast_wait.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.POINTER(ctypes.c_uint32),
+                                     ctypes.POINTER(ctypes.c_int)]
+        lib.sl_fast_enable.argtypes = [ctypes.c_int, ctypes.c_uint]
+        lib.sl_fast_disable.argtypes = [ctypes.c_int]
+        lib.sl_fast_learn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                      ctypes.c_size_t, ctypes.c_int64]
+        lib.sl_fast_flush.argtypes = [ctypes.c_int]
+        lib.sl_fast_init.argtypes = []
+        lib.sl_fast_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
+        self._events = ctypes.c_uint32()
+        self._received = ctypes.c_int()
+        # Verdicts are learnt only if nothing was forgotten since they were decided: a
+        # pin recorded between a decision and its learn() cannot leave a stale verdict.
+        self._lock = threading.Lock()
+        self._generation = 0
+
+    def init(self) -> None:
+        """Before a new supervisor thread starts (anew in a forked process)."""
+        self._lib.sl_fast_init()
+
+    def wait(self, epfd: int, timeout: float, notif) -> tuple[int, int, bool] | None:
+        """The next event for Python: (fd, epoll events, notification received into
+        `notif`), or None when `timeout` seconds (<0: none) ran out."""
+        ms = -1 if timeout < 0 else int(timeout * 1000)
+        fd = self._lib.sl_fast_wait(epfd, ms, ctypes.byref(notif), ctypes.byref(self._events),
+                                    ctypes.byref(self._received))
+        if fd == -errno.ETIMEDOUT:
+            return None
+        if fd < 0:
+            raise OSError(-fd, os.strerror(-fd))
+        return fd, self._events.value, bool(self._received.value)
+
+    def enable(self, listener: int, continue_tcp: bool) -> bool:
+        return self._lib.sl_fast_enable(listener, CONTINUE_TCP if continue_tcp else 0) == 0
+
+    def disable(self, listener: int) -> None:
+        """Before the listener is closed (its number can be reused at once)."""
+        self._lib.sl_fast_disable(listener)
+
+    @property
+    def generation(self) -> int:
+        """Read before deciding; given to learn()."""
+        return self._generation
+
+    def learn(self, listener: int, family: int, sockaddr: bytes, expires: float | None,
+              generation: int) -> None:
+        """Python allowed an on-behalf TCP connect of a `family` socket to `sockaddr`, a
+        verdict that holds until `expires` (time.monotonic(); None: until forgotten)."""
+        ns = -1 if expires is None else int(expires * 1e9)
+        with self._lock:
+            if generation == self._generation:
+                self._lib.sl_fast_learn(listener, family, sockaddr, len(sockaddr), ns)
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._lib.sl_fast_flush(-1)
+
+    def stats(self) -> dict[str, int]:
+        """Calls answered so far (continued, connected on behalf), lookups that missed
+        (to_python), and on-behalf connects in progress (in_flight)."""
+        out = (ctypes.c_uint64 * 4)()
+        self._lib.sl_fast_stats(ctypes.byref(out))
+        return {"continued": out[0], "connected": out[1], "to_python": out[2],
+                "in_flight": out[3]}
+
+
+_loaded: list = []
+
+
+def fast_path() -> FastPath | None:
+    """The library, loaded once; None if it was not built or is switched off."""
+    if not _loaded:
+        lib = None
+        if os.environ.get("SANDLOCK_NO_FASTPATH") != "1" and os.path.exists(LIBRARY):
+            try:
+                lib = FastPath(ctypes.CDLL(LIBRARY, use_errno=True))
+            except OSError:
+                lib = None
+        _loaded.append(lib)
+    return _loaded[0]
+
+
+def forget_all() -> None:
+    """Every verdict learnt so far no longer holds (DNS pins changed)."""
+    fast = _loaded[0] if _loaded else None
+    if fast is not None:
+        fast.forget_all()
+
+
+def eligible(session, acts_with_caps: bool) -> bool:
+    """Whether the library may answer this sandbox's connects (see the module note)."""
+    net = session.net
+    return (session.runtime is None and net is not None and not acts_with_caps
+            and not (net.audit is not None and net.audit.log_allowed))
+
+
+def expiry(session, address) -> float | None:
+    """Until when a verdict on `address` holds: until the first of its pinned names
+    expires (a new pin forgets every verdict at once)."""
+    pins = session.net.pins
+    return pins.expiry(address) if pins is not None else None

@@ -1,0 +1,182 @@
+"""The C fast path for connect() (sandlock/supervisor/fastpath.py): it replays only verdicts
+Python gave, forgets them when their DNS pins change, never continues a multi-threaded
+caller's connect, and leaves nothing in flight when a sandbox is killed."""
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import PY, TcpServer, run_py, sandbox
+from sandlock import StdioMode
+from dnsserver import TestDnsServer
+from sandlock.supervisor.fastpath import fast_path
+
+pytestmark = pytest.mark.skipif(fast_path() is None, reason="the fast path is not built "
+                                "(make helper)")
+
+
+def stats():
+    return fast_path().stats()
+
+
+@pytest.fixture
+def servers():
+    made = []
+
+    def make(host):
+        s = TcpServer(host)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+CONNECTS = """
+import socket, sys, json
+out = []
+for spec in sys.argv[1:]:
+    host, port = spec.rsplit(":", 1)
+    host = host.strip("[]")
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        s.connect((host, int(port)))
+        out.append(s.recv(3).decode())
+    except OSError as e:
+        out.append(e.errno)
+    s.close()
+print(json.dumps(out))
+"""
+
+
+def test_replayed_verdicts_are_exactly_pythons(servers, tmp_path):
+    """Allowed connects after the first are answered in C; every denied one, interleaved
+    with them, still reaches Python: refused, audited each time, never seen by its server."""
+    ok, other_ip = servers("127.0.0.2"), servers("127.0.0.3")
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(net_allow=[f"127.0.0.2:{ok.port}"], audit_log=str(log))
+    specs = []
+    for _ in range(30):
+        specs += [f"127.0.0.2:{ok.port}", f"127.0.0.3:{other_ip.port}",
+                  f"127.0.0.2:{other_ip.port}", f"[::ffff:127.0.0.2]:{ok.port}"]
+    before = stats()
+    r = run_py(sb, CONNECTS, *specs, timeout=60)
+    after = stats()
+    out = json.loads(r.stdout)
+    # The IPv4-mapped form on an AF_INET6 socket is the same destination for Python; in C
+    # it is a key of its own, learnt on first use and replayed like the plain one.
+    assert out[0::4] == ["ok\n"] * 30 and out[3::4] == ["ok\n"] * 30 and ok.accepted == 60
+    assert out[1::4] == [13] * 30 and out[2::4] == [13] * 30 and other_ip.accepted == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len([x for x in records if x["decision"] == "deny"]) == 60
+    assert after["connected"] - before["connected"] >= 58  # all but the first two, in C
+
+
+def test_a_learnt_verdict_is_forgotten_when_the_pins_change(servers, tmp_path):
+    """One run: 127.0.0.2 is allowed (and learnt) while the name points there; once the
+    name moves to 127.0.0.4 the same connect is refused and the new address allowed."""
+    first, second = servers("127.0.0.2"), servers("127.0.0.4")
+    dns = TestDnsServer({"moving.sandlock.test": ["127.0.0.2"]}, ttl=1)
+    tmp_path.chmod(0o777)
+    sb = sandbox(net_allow=["moving.sandlock.test"], dns_servers=[dns.address],
+                 net_allow_private=True, fs_writable=[str(tmp_path)])
+    code = ("import os, socket, sys, time\n"
+            "def c(h, p):\n s = socket.socket()\n"
+            " try:\n  s.connect((h, p)); return s.recv(3).decode().strip()\n"
+            " except OSError as e: return str(e.errno)\n"
+            " finally: s.close()\n"
+            "a, b, d = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
+            "open(d + '/first', 'w').write(c('127.0.0.2', a) + ' ' + c('127.0.0.2', a))\n"
+            "while not os.path.exists(d + '/go'): time.sleep(0.02)\n"
+            "print(c('127.0.0.2', a), c('127.0.0.4', b))\n")
+    proc = sb.popen([PY, "-c", code, str(first.port), str(second.port), str(tmp_path)],
+                    stdout=StdioMode.PIPED)
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "first").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        assert (tmp_path / "first").read_text() == "ok ok"
+        dns.zone["moving.sandlock.test"] = ["127.0.0.4"]
+        time.sleep(2.5)  # the supervisor re-resolves as the 1 s TTL runs out
+        (tmp_path / "go").touch()
+        r = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert r.stdout == b"13 ok\n"
+    assert first.accepted == 2 and second.accepted == 1
+
+
+def test_a_multithreaded_caller_is_never_continued(servers):
+    """With a port rule Landlock decides TCP, and a single-threaded caller's connect is
+    continued; with a second thread alive (it could swap the fd number for a unix socket
+    before the kernel re-reads) the supervisor connects on the caller's behalf instead."""
+    srv = servers("127.0.0.2")
+    sb = sandbox(net_allow=[f"tcp://:{srv.port}"], net_allow_unix=["/nonexistent.sock"])
+    single = "import socket, sys\ns = socket.socket(); s.connect(('127.0.0.2', int(sys.argv[1])))"
+    threaded = ("import socket, sys, threading, time\n"
+                "threading.Thread(target=time.sleep, args=(2,), daemon=True).start()\n"
+                "for _ in range(5):\n"
+                " s = socket.socket(); s.connect(('127.0.0.2', int(sys.argv[1]))); s.close()")
+    before = stats()
+    assert run_py(sb, single, str(srv.port)).success
+    middle = stats()
+    assert middle["continued"] == before["continued"] + 1
+    r = run_py(sb, threaded, str(srv.port))
+    after = stats()
+    assert r.success, r.stderr
+    assert after["continued"] == middle["continued"] and srv.accepted == 6
+    assert after["connected"] - middle["connected"] >= 4  # learnt by Python, then in C
+
+
+def test_killing_a_sandbox_aborts_its_fast_connects():
+    """On-behalf connects the C workers are blocked in (a listener that never accepts) are
+    shut down when the sandbox dies: nothing stays in flight, and later sandboxes work."""
+    jam = socket.socket()
+    jam.bind(("127.0.0.2", 0))
+    jam.listen(0)
+    port = jam.getsockname()[1]
+    code = ("import socket, sys, threading\nsocks = []\n"
+            "def c():\n s = socket.socket(); socks.append(s)\n"
+            " s.connect(('127.0.0.2', int(sys.argv[1])))\n"
+            "c()\n"  # the first is decided (and learnt) by Python; it fills the backlog
+            "ts = [threading.Thread(target=c) for _ in range(4)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]")
+    before = stats()
+    t0 = time.monotonic()
+    r = run_py(sandbox(net_allow=[f"127.0.0.2:{port}"]), code, str(port), timeout=1.5)
+    assert r.reason.name == "TIMEOUT" and time.monotonic() - t0 < 5
+    assert stats()["connected"] - before["connected"] >= 1  # blocked in C workers
+    deadline = time.monotonic() + 3
+    while stats()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stats()["in_flight"] == 0
+    jam.close()
+    srv = TcpServer("127.0.0.2")
+    try:
+        sb = sandbox(net_allow=[f"127.0.0.2:{srv.port}"])
+        assert run_py(sb, CONNECTS, *[f"127.0.0.2:{srv.port}"] * 3).stdout == b'["ok\\n", "ok\\n", "ok\\n"]\n'
+    finally:
+        srv.close()
+
+
+def test_many_threads_connecting_at_once(servers):
+    """32 threads × 50 connects in one sandbox: all answered, all reach the server."""
+    srv = servers("127.0.0.2")
+    code = ("import socket, sys, threading\nerrs = []\n"
+            "def c():\n for _ in range(50):\n"
+            "  s = socket.socket()\n"
+            "  try: s.connect(('127.0.0.2', int(sys.argv[1])))\n"
+            "  except OSError as e: errs.append(e.errno)\n"
+            "  s.close()\n"
+            "ts = [threading.Thread(target=c) for _ in range(32)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\nprint(errs)")
+    r = run_py(sandbox(net_allow=[f"127.0.0.2:{srv.port}"]), code, str(srv.port), timeout=60)
+    assert r.success and r.stdout == b"[]\n"
+    deadline = time.monotonic() + 3
+    while srv.accepted < 1600 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.accepted == 1600
