@@ -58,7 +58,7 @@
 #define MAX_LISTENER_FD 4096
 #define CACHE_SLOTS 128      /* allowed destinations remembered per listener */
 #define MAX_INFLIGHT 32      /* on-behalf connects per listener (Python: MAX_DEFERRED) */
-#define MAX_WORKERS 64
+#define MAX_WORKERS 128
 #define QUEUE_LEN 256
 #define ORPHAN_CHECK_MS 200
 
@@ -81,8 +81,7 @@ struct job {
     struct entry *e;
     uint64_t id;
     int sock;                /* our duplicate of the child's socket */
-    int shut;                /* shut down already (its caller is gone) */
-    int done;
+    int shut;                /* its caller is gone */
     socklen_t len;
     unsigned char addr[128];
 };
@@ -121,7 +120,12 @@ void sl_fast_init(void) {
         return;
     pthread_mutex_init(&lock, NULL);
     pthread_cond_init(&queued, NULL);
-    memset(table, 0, sizeof table);
+    for (int fd = 0; fd < MAX_LISTENER_FD; fd++) {
+        if (owner_pid != 0 && table[fd] != NULL)
+            close(table[fd]->own);  /* inherited duplicates; jobs' sockets went with
+                                     * the parent's workers (their memory is leaked) */
+        table[fd] = NULL;
+    }
     q_head = q_count = n_running = n_workers = n_idle = 0;
     ev_pos = ev_count = 0;
     owner_pid = getpid();
@@ -267,23 +271,27 @@ static int drop_effective_caps(void) {
     struct __user_cap_data_struct d[2];
     if (syscall(SYS_capget, &h, d) != 0)
         return -1;
+    if (d[0].effective == 0 && d[1].effective == 0)
+        return 0;
     d[0].effective = d[1].effective = 0;
     return (int)syscall(SYS_capset, &h, d);
 }
 
 static void finish(struct job *j, int error) {
-    respond(j->e->own, j->id, error, 0);
     pthread_mutex_lock(&lock);
-    /* The socket is closed under the lock: the orphan check never shuts down a number
-     * that was reused after this close. */
+    /* Out of running[] and closed, under the lock, before the answer: once answered the
+     * id is invalid, and the orphan check must not take the job for an orphan and shut
+     * the (now connected) socket down; nor shut down a number reused after this close. */
     close(j->sock);
-    j->done = 1;
     for (int i = 0; i < n_running; i++) {
         if (running[i] == j) {
             running[i] = running[--n_running];
             break;
         }
     }
+    pthread_mutex_unlock(&lock);
+    respond(j->e->own, j->id, error, 0);
+    pthread_mutex_lock(&lock);
     j->e->inflight--;
     unref(j->e);
     pthread_mutex_unlock(&lock);
@@ -307,6 +315,15 @@ static void *worker(void *arg) {
             finish(j, -EPERM);  /* fail closed: never act with the supervisor's privilege */
             continue;
         }
+        /* A caller that died while its job was queued: nothing to connect for (a shutdown
+         * before the connect would not stop it). */
+        pthread_mutex_lock(&lock);
+        int gone = j->shut || !id_valid(j->e->own, j->id);
+        pthread_mutex_unlock(&lock);
+        if (gone) {
+            finish(j, -ECONNABORTED);
+            continue;
+        }
         int rc = connect(j->sock, (struct sockaddr *)j->addr, j->len);
         finish(j, rc == 0 ? 0 : -errno);
     }
@@ -315,9 +332,11 @@ static void *worker(void *arg) {
 
 /* Queue `j` for a worker, starting one if none is idle. With lock held; 0 or -1. */
 static int submit(struct job *j) {
-    if (q_count == QUEUE_LEN)
+    /* Never queue behind busy workers (other sandboxes' blocked connects): without an
+     * idle worker or room for a new one, Python takes the call (its own pool and quotas). */
+    if (n_idle <= q_count && n_workers >= MAX_WORKERS)
         return -1;
-    if (n_idle <= q_count && n_workers < MAX_WORKERS) {
+    if (n_idle <= q_count) {
         pthread_t t;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
@@ -325,10 +344,9 @@ static int submit(struct job *j) {
         pthread_attr_setstacksize(&attr, 64 * 1024);
         int rc = pthread_create(&t, &attr, worker, NULL);
         pthread_attr_destroy(&attr);
-        if (rc == 0)
-            n_workers++;
-        else if (n_workers == 0)
+        if (rc != 0)
             return -1;
+        n_workers++;
     }
     queue[(q_head + q_count) % QUEUE_LEN] = j;
     q_count++;
@@ -377,8 +395,8 @@ static int num_threads(pid_t pid) {
 }
 
 /* 1: answered here; 0: Python's. */
-static int fast(int listener, struct seccomp_notif *n) {
-    if (n->data.nr != SYS_connect || n->data.arch != SL_ARCH)
+static int fast(int listener, struct seccomp_notif *n, int caps_dropped) {
+    if (!caps_dropped || n->data.nr != SYS_connect || n->data.arch != SL_ARCH)
         return 0;
     pthread_mutex_lock(&lock);
     struct entry *e = table[listener];
@@ -391,6 +409,12 @@ static int fast(int listener, struct seccomp_notif *n) {
     if (e == NULL || (!(flags & SL_CONTINUE_TCP) && !has_cache))
         return 0;
     int child_fd = (int)n->data.args[0];
+    /* Threads are counted before the fd is duplicated: counted after, a second thread
+     * could swap the fd for a UDP socket right after our duplicate and exit before the
+     * count, and the kernel would connect that socket to the re-read address. A caller
+     * found alone stays alone (it is blocked here), and an exited thread has released the
+     * fd table before it leaves the count. */
+    int single = (flags & SL_CONTINUE_TCP) && num_threads(n->pid) == 1;
     uint32_t len = (uint32_t)n->data.args[2];
     if (child_fd < 0 || len < sizeof(struct sockaddr_in) || len > 128)
         return 0;
@@ -421,7 +445,7 @@ static int fast(int listener, struct seccomp_notif *n) {
         close(sock);
         return 0;
     }
-    if ((flags & SL_CONTINUE_TCP) && num_threads(n->pid) == 1) {
+    if (single) {
         /* Landlock checks the port whatever address the kernel re-reads, and no other
          * thread can swap the fd number for another socket before it does. */
         close(sock);
@@ -484,7 +508,7 @@ static void abort_orphans(void) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < n_running; i++) {
         struct job *j = running[i];
-        if (!j->shut && !id_valid(j->e->own, j->id)) {
+        if (!id_valid(j->e->own, j->id)) {  /* at every check: its connect may start later */
             shutdown(j->sock, SHUT_RDWR);
             j->shut = 1;
         }
@@ -499,6 +523,10 @@ static void abort_orphans(void) {
 int sl_fast_wait(int epfd, int timeout_ms, struct seccomp_notif *out, uint32_t *events,
                  int *received) {
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ns() + (int64_t)timeout_ms * 1000000;
+    /* What this thread does for the sandboxes served here (they keep no capabilities) it
+     * does with none: duplicating fds, reading memory and /proc. Python re-applies its own
+     * per-sandbox set after every return (loop.py). If the drop fails, Python does all. */
+    int caps_dropped = drop_effective_caps() == 0;
     for (;;) {
         while (ev_pos < ev_count) {
             struct epoll_event ev = pending_events[ev_pos++];
@@ -518,7 +546,7 @@ int sl_fast_wait(int epfd, int timeout_ms, struct seccomp_notif *out, uint32_t *
                 }
                 continue;  /* the task died between the wait and the receive */
             }
-            if (fast(fd, out))
+            if (fast(fd, out, caps_dropped))
                 continue;
             *received = 1;
             return fd;

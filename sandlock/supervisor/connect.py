@@ -21,6 +21,12 @@ from .request import Denied, Request
 
 def connect(req: Request, session):
     net = session.net
+    # Threads are counted before the fd is duplicated. Counted after, a second thread could
+    # swap the fd for another socket (UDP, which Landlock does not check) right after our
+    # duplicate and exit before the count: the kernel would then re-read the other socket.
+    # Counted before, a caller found alone stays alone (it is blocked here) and an exited
+    # thread has released the fd table before it leaves the count.
+    single = single_threaded(req.pid)
     fd = req.dup_fd(req.arg_int(0))
     try:
         domain, stype, proto = socket_info_of(fd)
@@ -30,13 +36,13 @@ def connect(req: Request, session):
         if domain not in (AF_UNIX, AF_INET, AF_INET6):
             # Netlink: no destination policy. The kernel may redo the call only if no other
             # thread can swap this fd for an inet socket meanwhile; else we connect it.
-            if single_threaded(req.pid):
+            if single:
                 os.close(fd)
                 return CONTINUE
             raw = req.read_bytes(req.args[1], addrlen)
             return run_action(fd, False, lambda: _connect(fd, raw))
         if (domain != AF_UNIX and stype == SOCK_STREAM and net.tcp_by_landlock
-                and session.runtime is None and single_threaded(req.pid)):
+                and session.runtime is None and single):
             os.close(fd)
             return CONTINUE  # Landlock checks the port in the kernel, whatever is re-read
         dest = parse_sockaddr(req.read_bytes(req.args[1], addrlen))
@@ -52,6 +58,9 @@ def connect(req: Request, session):
         raise Denied(errno.EAFNOSUPPORT, "address family does not match the socket")
     protocol = protocol_of(domain, stype, proto)
     generation = fast_path().generation if session.fast else 0
+    # Before the decision: the names live now include every name the decision can see, so
+    # the first of their expiries is never later than the verdict's real lifetime.
+    expires = expiry(session, dest.address) if session.fast else None
     if net.is_dns(dest):
         if protocol == "tcp":  # a worker: even a local connect can wait on a full backlog
             return run_action(fd, True, lambda: _redirect_dns(req, session, fd, domain))
@@ -72,8 +81,7 @@ def connect(req: Request, session):
         return run_action(fd, True, lambda: _redirect(fd, domain, http_proxy(), ctx))
     if session.fast and protocol == "tcp" and dest.family == domain:
         # A plain allowed TCP connect: the C fast path may replay this verdict (fastpath.py)
-        fast_path().learn(req.listener, domain, dest.raw, expiry(session, dest.address),
-                          generation)
+        fast_path().learn(req.listener, domain, dest.raw, expires, generation)
     # The pidfd behind our duplicate was checked with ID_VALID when it was opened, so the
     # socket is the caller's even if the caller has died since.
     return connect_action(fd, dest.raw, stype)

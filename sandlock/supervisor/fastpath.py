@@ -48,6 +48,13 @@ class FastPath:
         # pin recorded between a decision and its learn() cannot leave a stale verdict.
         self._lock = threading.Lock()
         self._generation = 0
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        """A forked child starts with an empty table and fresh locks (no thread that held
+        them came along)."""
+        self._lock = threading.Lock()
+        self._lib.sl_fast_init()
 
     def init(self) -> None:
         """Before a new supervisor thread starts (anew in a forked process)."""

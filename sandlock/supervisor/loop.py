@@ -229,7 +229,10 @@ class Supervisor:
             timeout = PENDING_CHECK if self._pending else -1
             try:
                 if fast is not None:  # the C fast path waits, and answers what it can
-                    event = fast.wait(self._epoll.fileno(), timeout, notif)
+                    # Bounded even when idle: calls answered in C never wake this loop, and
+                    # a worker may add a deferred call to watch meanwhile.
+                    event = fast.wait(self._epoll.fileno(), PENDING_CHECK, notif)
+                    self._thread_state.effective = None  # the wait dropped them
                     events = [event] if event is not None else []
                 else:
                     events = [(fd, ev, False) for fd, ev in self._epoll.poll(timeout)]

@@ -36,13 +36,14 @@ class Message:
         self.dest, self.buffers, self.control = dest, buffers, control
 
 
-def _can_continue(req, domain, stype, flags) -> bool:
-    """Socket types that ignore a destination address, in a single-threaded process."""
+def _can_continue(single: bool, domain, stype, flags) -> bool:
+    """Socket types that ignore a destination address, in a single-threaded process
+    (`single`: counted before the fd was duplicated, see connect.connect)."""
     stream_like = ((domain in (AF_INET, AF_INET6) and stype == SOCK_STREAM
                     and not flags & MSG_FASTOPEN)
                    or (domain == AF_UNIX and stype in (SOCK_STREAM, SOCK_SEQPACKET))
                    or domain not in (AF_UNIX, AF_INET, AF_INET6))
-    return stream_like and single_threaded(req.pid)
+    return stream_like and single
 
 
 def _read_msghdr(req, addr: int) -> Message:
@@ -185,12 +186,13 @@ _FLAGS_ARG = {"sendto": 3, "sendmsg": 2, "sendmmsg": 3}
 
 
 def _send_common(req, session, syscall, msgs_fn):
+    single = single_threaded(req.pid)  # before the duplicate: see connect.connect
     fd = req.dup_fd(req.arg_int(0))
     opened: list[int] = []
     try:
         domain, stype, proto = socket_info_of(fd)
         flags = req.arg_int(_FLAGS_ARG[syscall])
-        if _can_continue(req, domain, stype, flags):
+        if _can_continue(single, domain, stype, flags):
             os.close(fd)
             return CONTINUE
         messages = msgs_fn()
