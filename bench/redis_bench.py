@@ -73,8 +73,35 @@ def _wait_ready(port, timeout=10.0):
     return False
 
 
-def _bench(port, requests):
-    """One redis-benchmark run: {test: {rps, p50, p99 (ms), ...}}."""
+def _cpu_ns(pid):
+    """CPU time the server has run so far (ns): /proc/PID/schedstat, exact to the ns."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _rw_calls(pid):
+    """read- and write-type system calls the server has made so far (/proc/PID/io)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines())
+        return int(fields["syscr"]) + int(fields["syscw"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _bench(port, requests, pid=None):
+    """One redis-benchmark run: {test: {rps, p50, p99 (ms)}, "cpu_us": the server's CPU
+    µs per request over both tests (None if its pid is unknown)}. The server's CPU time
+    per request does not depend on the client's share of the machine, so it resolves
+    differences that throughput's run-to-run noise hides."""
+    before, calls_before = _cpu_ns(pid), _rw_calls(pid)
     cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", "set,get",
            "-n", str(requests), "-P", "1", "-c", str(CLIENTS), "-q", "--csv"]
     cp = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -82,8 +109,49 @@ def _bench(port, requests):
     if cp.returncode != 0 or not all(t in rows for t in TESTS):
         raise RuntimeError(f"redis-benchmark exit {cp.returncode}: "
                            f"{cp.stdout[-300:]} {cp.stderr[-300:]}")
-    return {t: {"rps": float(rows[t]["rps"]), "p50": float(rows[t]["p50_latency_ms"]),
-                "p99": float(rows[t]["p99_latency_ms"])} for t in TESTS}
+    after, calls_after = _cpu_ns(pid), _rw_calls(pid)
+    out = {t: {"rps": float(rows[t]["rps"]), "p50": float(rows[t]["p50_latency_ms"]),
+               "p99": float(rows[t]["p99_latency_ms"])} for t in TESTS}
+    out["cpu_us"] = ((after - before) / 1e3 / (requests * len(TESTS))
+                     if before is not None and after is not None else None)
+    out["rw_calls"] = ((calls_after - calls_before) / (requests * len(TESTS))
+                       if calls_before is not None and calls_after is not None else None)
+    return out
+
+
+SYSCALL_ROUNDS = 8
+
+
+def _syscall_costs(workers, active, tmp, log):
+    """ns per read(2) and epoll_wait(2) in each peer's sandbox (bench/syscall_cost.c,
+    the redis-server policy), peers interleaved round by round: what the sandbox adds to
+    every call the server makes per request, measured without the benchmark's noise."""
+    exe = tmp / "syscall_cost"
+    src = Path(__file__).with_name("syscall_cost.c")
+    cp = subprocess.run(["cc", "-O2", "-o", str(exe), str(src)], capture_output=True,
+                        text=True)
+    if cp.returncode != 0:
+        log(f"  syscall cost: not measured (cc: {cp.stderr.strip()[:200]})")
+        return {}
+    tmp.chmod(0o755)
+    samples = {peer.name: {"read": [], "epoll_wait": []} for peer, _, _ in active}
+    for order in rotations(active, SYSCALL_ROUNDS):
+        for peer, port, _ in order:
+            if peer.worker == "plain":
+                r = workers["plain"].ask({"op": "subprocess_run", "argv": [str(exe)],
+                                          "capture": True})
+            else:
+                _, policy = _server(port, tmp)
+                policy["fs_readable"] = policy["fs_readable"] + [str(exe), "/dev/zero"]
+                r = workers[peer.worker].ask({"op": "api_run", "argv": [str(exe)],
+                                              "capture": True, "policy": policy})
+            words = r.get("out", "").split()
+            if len(words) != 4 or r.get("err"):
+                raise RuntimeError(f"syscall cost: {peer.name}: {r.get('err')} {words}")
+            samples[peer.name]["read"].append(float(words[1]))
+            samples[peer.name]["epoll_wait"].append(float(words[3]))
+    return {name: {call: _median(v) for call, v in calls.items()}
+            for name, calls in samples.items()}
 
 
 def _median(xs):
@@ -119,17 +187,18 @@ def run(rounds=10, requests=100000, quick=False, log=lambda s: print(s, file=sys
                 except RuntimeError as e:
                     why = str(e)
             if why is None:
-                active.append((peer, port))
+                active.append((peer, port, r["pid"]))
                 runs[peer.name] = []
             elif peer.required:
                 raise RuntimeError(f"redis: {peer.name}: {why}")
             else:
                 unavailable[peer.name] = why
                 log(f"  {peer.name}: unavailable ({why})")
+        syscalls = _syscall_costs(workers, active, tmp, log)
         log(f"redis: {rounds} rounds x {requests} requests per test")
         for i, order in enumerate(rotations(active, rounds)):
-            for peer, port in order:
-                runs[peer.name].append(_bench(port, requests))
+            for peer, port, pid in order:
+                runs[peer.name].append(_bench(port, requests, pid))
             log(f"  {i + 1}/{rounds} rounds")
     finally:
         for worker, pid in started.values():
@@ -149,11 +218,23 @@ def run(rounds=10, requests=100000, quick=False, log=lambda s: print(s, file=sys
                                "p99": st[a][t]["p99"] / st[b][t]["p99"]} for t in TESTS}
               for a, b in (("ours", "bare"), ("upstream", "bare"), ("ours", "upstream"))
               if a in st and b in st}
+    # The server's CPU per request: median over rounds, and the paired ratio.
+    cpu = {name: _median([x["cpu_us"] for x in rs]) for name, rs in runs.items()
+           if rs and all(x["cpu_us"] is not None for x in rs)}
+    rw_calls = {name: _median([x["rw_calls"] for x in rs]) for name, rs in runs.items()
+                if rs and all(x["rw_calls"] is not None for x in rs)}
+    cpu_ratios = {f"{a}/{b}": {"ratio": cpu[a] / cpu[b],
+                               "paired": _median([x["cpu_us"] / y["cpu_us"]
+                                                  for x, y in zip(runs[a], runs[b])])}
+                  for a, b in (("ours", "bare"), ("upstream", "bare"), ("ours", "upstream"))
+                  if a in cpu and b in cpu}
     return {"name": NAME, "rounds": rounds, "requests": requests, "clients": CLIENTS,
             "imports": imports, "peers": {p.name: p.about for p in PEERS},
             "policy": "read-only " + ", ".join(SYSTEM) + "; writable /dev/null and its "
                       "working directory; net_allow_bind=[its port]",
-            "unavailable": unavailable, "stats": st, "ratios": ratios, "runs": runs}
+            "unavailable": unavailable, "stats": st, "ratios": ratios, "runs": runs,
+            "cpu_us": cpu, "cpu_ratios": cpu_ratios, "syscall_ns": syscalls,
+            "rw_calls": rw_calls}
 
 
 def markdown(result):
@@ -193,6 +274,26 @@ def markdown(result):
         out += ["", f"Run-to-run noise: bare's own SET throughput ranged {lo:,.0f}–{hi:,.0f} "
                 f"requests/s over the rounds ({(hi - lo) / st['bare']['SET']['rps']:.0%} of its "
                 "median), so differences of a few percent are not resolved here."]
+    cpu, cpu_r = result.get("cpu_us", {}), result.get("cpu_ratios", {})
+    if cpu:
+        out += ["", "The server's own CPU time per request (from /proc/PID/schedstat, both "
+                "tests together; median over rounds): not moved by how the client is "
+                "scheduled, but still by this machine's state from run to run:", "",
+                "| peer | server CPU µs per request |", "|---|--:|"]
+        out += [f"| {name} | {us:.2f} |" for name, us in cpu.items()]
+        out += ["", "| ratio | server CPU per request | paired by round |", "|---|--:|--:|"]
+        out += [f"| {k} | {v['ratio']:.3f}x | {v['paired']:.3f}x |" for k, v in cpu_r.items()]
+    sc = result.get("syscall_ns", {})
+    if sc:
+        out += ["", f"What each sandbox adds per system call the server makes "
+                f"(bench/syscall_cost.c under the same policy; median over "
+                f"{SYSCALL_ROUNDS} interleaved runs of the best of 5 × 200,000 calls):", "",
+                "| peer | read(2) ns | epoll_wait(2) ns | added per call ns |", "|---|--:|--:|--:|"]
+        for name, v in sc.items():
+            added = ((v["read"] - sc["bare"]["read"] + v["epoll_wait"]
+                      - sc["bare"]["epoll_wait"]) / 2) if "bare" in sc else 0.0
+            out.append(f"| {name} | {v['read']:.1f} | {v['epoll_wait']:.1f} | "
+                       f"{added:+.1f} |")
     r = result["ratios"].get("ours/bare")
     if r:
         out += ["", f"Targets: ours ≥ {TARGET_RPS:.0%} of bare throughput and p99 within "
@@ -203,6 +304,31 @@ def markdown(result):
                        f"{r[t]['rps_paired']:.1%}), {'met' if ok_rps else 'MISSED'}; "
                        f"p99 {r[t]['p99']:.2f}x bare, "
                        f"{'met' if ok_p99 else 'MISSED'}")
+        calls = result.get("rw_calls", {}).get("bare")
+        if "ours" in sc and "bare" in sc and "bare" in cpu and calls is not None:
+            # Per request the server makes `calls` read/write calls (/proc/PID/io) and at
+            # most one epoll_wait: the sandbox's share of its CPU per request.
+            added = (sc["ours"]["read"] - sc["bare"]["read"] + sc["ours"]["epoll_wait"]
+                     - sc["bare"]["epoll_wait"]) / 2
+            share = (calls + 1) * added / (cpu["bare"] * 1000)
+            if added < 0:
+                out.append(f"- what the sandbox adds per request, from the per-call cost: "
+                           f"not resolved (ours measured {-added:.1f} ns per call faster "
+                           "than bare: this machine's noise)")
+            else:
+                out.append(f"- what the sandbox adds per request, from the per-call cost: "
+                           f"({calls:.2f} read/write calls per request + ≤ 1 epoll_wait) × "
+                           f"{added:.1f} ns on {cpu['bare']:.2f} µs of server CPU = "
+                           f"{share:.2%}, i.e. throughput ≥ {1 / (1 + share):.1%} of bare: "
+                           f"{'met' if 1 / (1 + share) >= TARGET_RPS else 'MISSED'}")
+        c = cpu_r.get("ours/bare")
+        if c:
+            # CPU-bound, the server's throughput is the inverse of its CPU per request.
+            ok = 1 / c["paired"] >= TARGET_RPS
+            out.append(f"- server CPU per request, which bounds a CPU-bound server's "
+                       f"throughput: ours {c['paired']:.3f}x bare (paired by round), so "
+                       f"with equal CPU ours serves {1 / c['paired']:.1%} of bare's "
+                       f"requests: {'met' if ok else 'MISSED'}")
     return "\n".join(out) + "\n"
 
 
