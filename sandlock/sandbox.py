@@ -7,6 +7,7 @@ builds its kernel objects once, on first use; every run after that reuses them.
 from __future__ import annotations
 
 import enum
+import io
 import os
 import selectors
 import signal
@@ -361,6 +362,22 @@ def _stdio(stdin, stdout, stderr):
     return parent, tuple(child), to_close
 
 
+class _Pipe(io.FileIO):
+    """The parent end of a PIPED stream as an unbuffered binary file (Process.stdin,
+    .stdout, .stderr). It owns the fd: closing it closes the fd once and tells the
+    Process, which never closes that number itself afterwards (it may be reused)."""
+
+    def __init__(self, proc: "Process", attr: str, mode: str):
+        super().__init__(getattr(proc, attr), mode, closefd=True)
+        self._owner = (proc, attr)
+
+    def close(self) -> None:
+        if not self.closed:
+            proc, attr = self._owner
+            setattr(proc, attr, -1)
+        super().close()
+
+
 class Process:
     """A running sandboxed process. The sandbox is its whole process group: when the main
     process ends, or on kill()/timeout, every process left in the group is killed too."""
@@ -373,6 +390,7 @@ class Process:
         self._exec_error = spawned.exec_error
         self._session = session
         self._stdin_fd, self._stdout_fd, self._stderr_fd = parent_ends
+        self._pipes: dict[str, _Pipe] = {}
         self._status: tuple[ExitReason, int, int] | None = None
         self._killed_by_us: ExitReason | None = None
         self._lock = threading.Lock()
@@ -548,10 +566,41 @@ class Process:
             return "timed out; the sandbox's process group was killed"
         return None
 
+    # -- the PIPED streams --
+
+    @property
+    def stdin(self) -> _Pipe | None:
+        """With stdin=PIPED: a binary file writing to the program's stdin (close it to
+        send EOF); else None."""
+        return self._pipe("_stdin_fd", "w")
+
+    @property
+    def stdout(self) -> _Pipe | None:
+        """With stdout=PIPED: a binary file reading the program's output as it comes."""
+        return self._pipe("_stdout_fd", "r")
+
+    @property
+    def stderr(self) -> _Pipe | None:
+        return self._pipe("_stderr_fd", "r")
+
+    def _pipe(self, attr: str, mode: str) -> _Pipe | None:
+        f = self._pipes.get(attr)
+        if f is None or f.closed:
+            if getattr(self, attr) < 0:
+                return None
+            f = self._pipes[attr] = _Pipe(self, attr, mode)
+        return f
+
+    def _close_fd(self, attr: str) -> None:
+        f = self._pipes.get(attr)
+        if f is not None and not f.closed:
+            f.close()  # sets the attribute to -1
+        elif getattr(self, attr) >= 0:
+            os.close(getattr(self, attr))
+            setattr(self, attr, -1)
+
     def _close_stdin(self):
-        if self._stdin_fd >= 0:
-            os.close(self._stdin_fd)
-            self._stdin_fd = -1
+        self._close_fd("_stdin_fd")
 
     def close(self) -> None:
         """Kill whatever is still running and release every fd."""
@@ -560,10 +609,7 @@ class Process:
                 self.kill()
             self._reap()
         for name in ("_stdin_fd", "_stdout_fd", "_stderr_fd"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                os.close(fd)
-                setattr(self, name, -1)
+            self._close_fd(name)
 
     def __enter__(self):
         return self

@@ -2,6 +2,7 @@
 concurrency and resource hygiene."""
 
 import gc
+import io
 import os
 import signal
 import threading
@@ -85,6 +86,29 @@ def test_stdin_input_and_popen_pipes():
                          stdout=StdioMode.PIPED, stderr=StdioMode.NULL) as p:
         res = p.communicate(input=b"line\n", timeout=10)
     assert res.stdout == b"got line\n"
+
+
+def test_popen_streams_are_files_read_and_written_as_the_program_runs():
+    """stdin/stdout/stderr of a PIPED popen are binary files: a conversation line by line
+    with a running program, EOF by closing stdin; None for streams that are not PIPED."""
+    code = ("import sys\n"
+            "for line in sys.stdin:\n"
+            "    print(line.strip().upper(), flush=True)\n"
+            "print('bye', file=sys.stderr)\n")
+    with sandbox().popen([PY, "-c", code], stdin=StdioMode.PIPED, stdout=StdioMode.PIPED,
+                         stderr=StdioMode.PIPED) as p:
+        reader = io.BufferedReader(p.stdout)
+        for word in (b"one", b"two"):
+            p.stdin.write(word + b"\n")
+            assert reader.readline() == word.upper() + b"\n"  # answered before the next
+        assert p.is_running
+        p.stdin.close()  # EOF: the program ends
+        assert p.stdin is None
+        assert p.wait(10) == 0
+        assert reader.read() == b"" and p.stderr.read() == b"bye\n"
+    with sandbox().popen(["true"], stdout=StdioMode.NULL) as p:
+        assert p.stdin is None and p.stdout is None and p.stderr is None
+        p.wait(10)
 
 
 def test_popen_wait_kill_and_pause():
