@@ -13,6 +13,9 @@ Rules enforced here:
   gate, answers wait, so a task blocked in a notification stays blocked (see freeze.py).
 - With a policy_fn, the calls it may hold run entirely on a worker: the callback never
   runs on this thread, so one slow callback cannot stall other sandboxes.
+- With the C fast path (fastpath.py) this thread waits inside the library, which answers
+  some connects of eligible sandboxes itself; a notification it hands over arrives
+  received, and is answered here exactly once like any other.
 """
 
 from __future__ import annotations
@@ -226,7 +229,6 @@ class Supervisor:
         notif = seccomp.Notif()
         fast = self._fast
         while True:
-            timeout = PENDING_CHECK if self._pending else -1
             try:
                 if fast is not None:  # the C fast path waits, and answers what it can
                     # Bounded even when idle: calls answered in C never wake this loop, and
@@ -235,7 +237,8 @@ class Supervisor:
                     self._thread_state.effective = None  # the wait dropped them
                     events = [event] if event is not None else []
                 else:
-                    events = [(fd, ev, False) for fd, ev in self._epoll.poll(timeout)]
+                    events = [(fd, ev, False) for fd, ev in
+                              self._epoll.poll(PENDING_CHECK if self._pending else -1)]
             except InterruptedError:
                 continue
             if self._pending:
