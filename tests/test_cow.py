@@ -469,6 +469,9 @@ def test_pip_install_of_a_local_wheel_into_a_workspace(tree, tmp_path):
     whl = _wheel(str(wheels))
     py = sys.executable
     readable = [str(wheels), sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(py))]
+    # pip lists every sys.path entry, including an editable install's source tree
+    readable += [p for p in sys.path if p.startswith("/") and os.path.isdir(p)
+                 and not str(tmp_path).startswith(p)]
     r = cow_box(work, tmp_path / "store", fs_readable=readable, on_exit=BranchAction.KEEP,
                 env={"PIP_DISABLE_PIP_VERSION_CHECK": "1", "HOME": str(work),
                      "PYTHONPATH": "", "PYTHONNOUSERSITE": "1",
