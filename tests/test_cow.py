@@ -185,7 +185,10 @@ def test_writes_cannot_reach_the_workdir_through_a_path_outside_it(tree, tmp_pat
     assert open(scratch / "ok").read() == "fine\n"
 
 
-def test_a_symlink_in_the_workdir_does_not_extend_the_policy(tree, tmp_path):
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_symlink_in_the_workdir_does_not_extend_the_policy(tree, tmp_path, changed):
+    """Before the layer's first change the kernel resolves reads itself (Landlock refuses
+    the secret); after it, the supervisor does, with the sandbox's rules (and says so)."""
     work = _copy(tree, tmp_path / "work")
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET\n")
@@ -194,15 +197,16 @@ def test_a_symlink_in_the_workdir_does_not_extend_the_policy(tree, tmp_path):
     (public / "ok.txt").write_text("public\n")
     os.symlink(secret, work / "to-secret")
     os.symlink(public / "ok.txt", work / "to-public")
+    first = "echo > changed.txt; " if changed else ""
     r = cow_box(work, tmp_path / "store", fs_readable=[str(public), HELPERS]).run(
-        ["sh", "-c", "cat to-public; cat to-secret; echo rc=$?; echo x >> to-public; "
+        ["sh", "-c", first + "cat to-public; cat to-secret; echo rc=$?; echo x >> to-public; "
                      "echo rc=$?"])
     out = r.stdout.decode()
     assert out.startswith("public\n") and "TOPSECRET" not in out
     assert out.splitlines()[1] == "rc=1"  # reading the secret failed
     assert out.splitlines()[-1] != "rc=0"  # public is readable, not writable
     assert (public / "ok.txt").read_text() == "public\n"
-    assert any("not readable by the policy" in d["reason"] for d in r.denials)
+    assert any("not readable by the policy" in d["reason"] for d in r.denials) == changed
 
 
 def test_the_layer_storage_is_not_reachable_from_the_sandbox(tree, tmp_path):
@@ -583,17 +587,25 @@ def test_spellings_and_edge_paths_behave_as_on_the_real_filesystem(tree, tmp_pat
     assert "readme.txt" in {c.path for c in r.changes}  # touch -d alone is a change
 
 
-def test_proc_self_behind_a_workdir_symlink_is_never_the_supervisors(tree, tmp_path):
+@pytest.mark.parametrize("changed", [False, True])
+def test_proc_self_behind_a_workdir_symlink_is_never_the_supervisors(tree, tmp_path,
+                                                                     changed):
+    """Before the first change the kernel resolves the link as the sandbox (its own
+    environment, clean); after it the supervisor refuses to follow /proc at all."""
     work = _copy(tree, tmp_path / "work")
     os.symlink("/proc/self/environ", work / "env")
     os.environ["SANDLOCK_TEST_SUPERVISOR_SECRET"] = "SUPERSECRET"
+    first = "echo > changed.txt; " if changed else ""
     try:
-        r = cow_box(work, tmp_path / "store", clean_env=True,
-                    on_exit=BranchAction.ABORT).run(["sh", "-c", "cat env; echo rc=$?"])
+        r = cow_box(work, tmp_path / "store", clean_env=True, env={"MINE": "own-env"},
+                    on_exit=BranchAction.ABORT).run(["sh", "-c", first + "cat env; echo rc=$?"])
     finally:
         del os.environ["SANDLOCK_TEST_SUPERVISOR_SECRET"]
     assert b"SUPERSECRET" not in r.stdout
-    assert r.stdout.decode().splitlines()[-1] == "rc=1"
+    if changed:
+        assert r.stdout.decode().splitlines()[-1] == "rc=1"
+    else:
+        assert b"MINE=own-env" in r.stdout and r.stdout.endswith(b"rc=0\n")
 
 
 def test_the_shipped_agent_workspace_policy_commits_only_on_success(tree, tmp_path):

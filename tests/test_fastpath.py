@@ -272,3 +272,43 @@ def test_an_fd_swapped_for_udp_during_the_check_is_never_continued(fd_swap_race,
         assert run_py(sb2, CONNECTS, f"127.0.0.6:{srv.port}").stdout == b'["ok\\n"]\n'
     finally:
         srv.close()
+
+
+LOOKS = """
+import os, sys
+changed = sys.argv[1] == "1"
+if changed:
+    with open("fresh.txt", "w") as f:  # the layer's first change
+        f.write("new content")
+for _ in range(200):
+    os.stat("fresh.txt" if changed else "data.txt")
+with open("fresh.txt" if changed else "data.txt") as f:
+    print(f.read(), os.path.getsize(f.name), sorted(os.listdir(".")))
+"""
+
+
+def test_a_pristine_workspace_lets_the_kernel_do_its_reads(tmp_path):
+    """While its layer holds no change a workspace is the workdir itself: its looks are
+    left to the kernel (in C, counted); from the first change on they go through the
+    layer, and see the change."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("old content")
+    tmp_path.chmod(0o755)
+    sb = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"), cwd=str(work),
+                 on_exit="abort")
+    counts = {}
+    for changed in ("0", "1"):
+        before = stats()["cow_continued"]
+        r = sb.run([PY, "-S", "-c", LOOKS, changed], timeout=60)
+        counts[changed] = stats()["cow_continued"] - before
+        assert r.success, r.stderr
+        if changed == "1":
+            assert r.stdout == b"new content 11 ['data.txt', 'fresh.txt']\n"
+            assert [c.path for c in r.changes] == ["fresh.txt"]
+        else:
+            assert r.stdout == b"old content 11 ['data.txt']\n" and r.changes == []
+    # the start of the interpreter is pristine in both runs; the 200 stats are not in the
+    # second (nor the read and the listing)
+    assert counts["0"] >= 200 and counts["0"] - counts["1"] >= 200
+    assert sorted(os.listdir(work)) == ["data.txt"]  # aborted: the change was the layer's

@@ -55,6 +55,7 @@
 #endif
 
 #define SL_CONTINUE_TCP 1u   /* listener flag: Landlock decides every TCP destination */
+#define SL_COW_PRISTINE 2u   /* listener flag: its copy-on-write layer has no change yet */
 #define MAX_LISTENER_FD 4096
 #define CACHE_SLOTS 128      /* allowed destinations remembered per listener */
 #define MAX_INFLIGHT 32      /* on-behalf connects per listener (Python: MAX_DEFERRED) */
@@ -94,7 +95,7 @@ static int q_head, q_count;
 static struct job *running[QUEUE_LEN + MAX_WORKERS];        /* jobs handed out, not done */
 static int n_running, n_workers, n_idle;
 static pid_t owner_pid;
-static uint64_t stat_continue, stat_connect, stat_python;
+static uint64_t stat_continue, stat_connect, stat_python, stat_cow;
 
 static struct epoll_event pending_events[16];                        /* the waiting thread's only */
 static int ev_pos, ev_count;
@@ -246,12 +247,23 @@ void sl_fast_flush(int listener) {
     pthread_mutex_unlock(&lock);
 }
 
-void sl_fast_stats(uint64_t out[4]) {
+/* Clear `flags` of a listener (SL_COW_PRISTINE before its layer's first change). */
+void sl_fast_clear(int listener, unsigned flags) {
+    if (listener < 0 || listener >= MAX_LISTENER_FD)
+        return;
+    pthread_mutex_lock(&lock);
+    if (table[listener] != NULL)
+        table[listener]->flags &= ~flags;
+    pthread_mutex_unlock(&lock);
+}
+
+void sl_fast_stats(uint64_t out[5]) {
     pthread_mutex_lock(&lock);
     out[0] = stat_continue;
     out[1] = stat_connect;
     out[2] = stat_python;
     out[3] = (uint64_t)n_running;
+    out[4] = stat_cow;
     pthread_mutex_unlock(&lock);
 }
 
@@ -394,8 +406,46 @@ static int num_threads(pid_t pid) {
     return atoi(p);  /* field 20: num_threads */
 }
 
+/* A path call of a copy-on-write workspace that only looks (supervisor/cow_reads.py,
+ * cow_calls.py): stat family, access, readlink, xattr reads, getcwd, chdir, exec, and
+ * opens for reading that create and truncate nothing. While the layer holds no change
+ * the workspace is the workdir itself, read-only under Landlock: the kernel may do these
+ * calls as the sandbox, with the sandbox's own rights, and whatever it re-reads (another
+ * path, other flags) stays under those rights. openat2 (flags in memory) goes to Python. */
+static int cow_read_only(const struct seccomp_notif *n) {
+    switch (n->data.nr) {
+#ifdef SYS_stat
+    case SYS_stat: case SYS_lstat: case SYS_access: case SYS_readlink:
+#endif
+    case SYS_newfstatat: case SYS_statx: case SYS_faccessat: case SYS_faccessat2:
+    case SYS_readlinkat: case SYS_getxattr: case SYS_lgetxattr: case SYS_listxattr:
+    case SYS_llistxattr: case SYS_getcwd: case SYS_chdir: case SYS_execve: case SYS_execveat:
+        return 1;
+#ifdef SYS_open
+    case SYS_open:
+        return (n->data.args[1] & (O_ACCMODE | O_CREAT | O_TRUNC | __O_TMPFILE)) == O_RDONLY;
+#endif
+    case SYS_openat:
+        return (n->data.args[2] & (O_ACCMODE | O_CREAT | O_TRUNC | __O_TMPFILE)) == O_RDONLY;
+    default:
+        return 0;
+    }
+}
+
 /* 1: answered here; 0: Python's. */
 static int fast(int listener, struct seccomp_notif *n, int caps_dropped) {
+    if (n->data.arch == SL_ARCH && n->data.nr != SYS_connect && cow_read_only(n)) {
+        pthread_mutex_lock(&lock);
+        struct entry *e = table[listener];
+        int pristine = e != NULL && (e->flags & SL_COW_PRISTINE);
+        if (pristine)
+            stat_cow++;
+        pthread_mutex_unlock(&lock);
+        if (!pristine)
+            return 0;
+        respond(listener, n->id, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);  /* ENOENT: died */
+        return 1;
+    }
     if (!caps_dropped || n->data.nr != SYS_connect || n->data.arch != SL_ARCH)
         return 0;
     pthread_mutex_lock(&lock);

@@ -66,6 +66,9 @@ class CowLayer:
         self._complete: set[int] = set()
         self._pending: dict[int, str] = {}
         self._root_ino: int | None = None
+        # Called once, before the first change: while there is none, the workspace is the
+        # workdir itself (the supervisor's C fast path relies on that; see fastpath.py).
+        self.on_first_change = None
         if create:
             os.makedirs(self.upper, mode=0o700)
             try:
@@ -121,6 +124,10 @@ class CowLayer:
             if ino is not None:
                 self._complete.add(ino)
             return
+        if udir == self.upper and self.on_first_change is not None:
+            # Every change starts here: concrete() materializes the root before anything.
+            self.on_first_change()
+            self.on_first_change = None
         ino = os.lstat(udir).st_ino
         self._pending.pop(ino, None)
         origin = _safe_rel(_xattr(udir, ORIGIN) or ".")

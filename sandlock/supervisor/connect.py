@@ -57,10 +57,11 @@ def connect(req: Request, session):
         os.close(fd)
         raise Denied(errno.EAFNOSUPPORT, "address family does not match the socket")
     protocol = protocol_of(domain, stype, proto)
-    generation = fast_path().generation if session.fast else 0
+    learns = session.fast and protocol == "tcp" and dest.family == domain
+    generation = fast_path().generation if learns else 0
     # Before the decision: the names live now include every name the decision can see, so
     # the first of their expiries is never later than the verdict's real lifetime.
-    expires = expiry(session, dest.address) if session.fast else None
+    expires = expiry(session, dest.address) if learns else None
     if net.is_dns(dest):
         if protocol == "tcp":  # a worker: even a local connect can wait on a full backlog
             return run_action(fd, True, lambda: _redirect_dns(req, session, fd, domain))
@@ -79,7 +80,7 @@ def connect(req: Request, session):
         from netpolicy.http_proxy import http_proxy
         ctx = net.http_context(req, session, dest)
         return run_action(fd, True, lambda: _redirect(fd, domain, http_proxy(), ctx))
-    if session.fast and protocol == "tcp" and dest.family == domain:
+    if learns:
         # A plain allowed TCP connect: the C fast path may replay this verdict (fastpath.py)
         fast_path().learn(req.listener, domain, dest.raw, expires, generation)
     # The pidfd behind our duplicate was checked with ID_VALID when it was opened, so the

@@ -1,10 +1,14 @@
-"""The C fast path for connect() (sandlock/_libexec/fastconnect.c, built by `make helper`).
+"""The C fast path (sandlock/_libexec/fastconnect.c, built by `make helper`).
 
 The supervisor thread waits for notifications inside the library, without the GIL. For a
 sandbox the loop enables, the library answers by itself the connects whose verdict is
 already known: CONTINUE for a TCP socket of a single-threaded process when Landlock decides
 every TCP port (as connect.py would), and an on-behalf connect to a destination connect.py
-allowed before for the same sandbox (`learn`). Everything else reaches Python, received.
+allowed before for the same sandbox (`learn`). In a copy-on-write workspace whose layer has
+no change yet it lets the kernel do the calls that only look (stat, opens for reading, ...):
+the workspace is then the workdir itself, which Landlock keeps read-only; the flag is
+cleared before the layer's first change (CowLayer.on_first_change). Everything else
+reaches Python, received.
 
 What may be replayed is decided here, in one place:
 - only sandboxes without a policy_fn (no freezes, no per-process rules), without audit
@@ -27,6 +31,7 @@ import threading
 LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "_libexec", "libsandlock-fastconnect.so")
 CONTINUE_TCP = 1
+COW_PRISTINE = 2
 
 
 class FastPath:
@@ -40,8 +45,9 @@ class FastPath:
         lib.sl_fast_learn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
                                       ctypes.c_size_t, ctypes.c_int64]
         lib.sl_fast_flush.argtypes = [ctypes.c_int]
+        lib.sl_fast_clear.argtypes = [ctypes.c_int, ctypes.c_uint]
         lib.sl_fast_init.argtypes = []
-        lib.sl_fast_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 4)]
+        lib.sl_fast_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 5)]
         self._events = ctypes.c_uint32()
         self._received = ctypes.c_int()
         # Verdicts are learnt only if nothing was forgotten since they were decided: a
@@ -72,8 +78,14 @@ class FastPath:
             raise OSError(-fd, os.strerror(-fd))
         return fd, self._events.value, bool(self._received.value)
 
-    def enable(self, listener: int, continue_tcp: bool) -> bool:
-        return self._lib.sl_fast_enable(listener, CONTINUE_TCP if continue_tcp else 0) == 0
+    def enable(self, listener: int, continue_tcp: bool, cow_pristine: bool) -> bool:
+        flags = (CONTINUE_TCP if continue_tcp else 0) | (COW_PRISTINE if cow_pristine else 0)
+        return self._lib.sl_fast_enable(listener, flags) == 0
+
+    def clear(self, listener: int, flags: int) -> None:
+        """Stop answering what `flags` allowed (synchronously: no answer based on them is
+        sent after this returns)."""
+        self._lib.sl_fast_clear(listener, flags)
 
     def disable(self, listener: int) -> None:
         """Before the listener is closed (its number can be reused at once)."""
@@ -99,12 +111,12 @@ class FastPath:
             self._lib.sl_fast_flush(-1)
 
     def stats(self) -> dict[str, int]:
-        """Calls answered so far (continued, connected on behalf), lookups that missed
-        (to_python), and on-behalf connects in progress (in_flight)."""
-        out = (ctypes.c_uint64 * 4)()
+        """Calls answered so far (connects continued, connected on behalf, workspace reads
+        continued), lookups that missed (to_python), on-behalf connects in progress."""
+        out = (ctypes.c_uint64 * 5)()
         self._lib.sl_fast_stats(ctypes.byref(out))
         return {"continued": out[0], "connected": out[1], "to_python": out[2],
-                "in_flight": out[3]}
+                "in_flight": out[3], "cow_continued": out[4]}
 
 
 _loaded: list = []
@@ -131,10 +143,11 @@ def forget_all() -> None:
 
 
 def eligible(session, acts_with_caps: bool) -> bool:
-    """Whether the library may answer this sandbox's connects (see the module note)."""
+    """Whether the library may answer this sandbox's calls (see the module note)."""
     net = session.net
-    return (session.runtime is None and net is not None and not acts_with_caps
-            and not (net.audit is not None and net.audit.log_allowed))
+    return (session.runtime is None and not acts_with_caps
+            and (net is not None or session.cow is not None)
+            and not (net is not None and net.audit is not None and net.audit.log_allowed))
 
 
 def expiry(session, address) -> float | None:

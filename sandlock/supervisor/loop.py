@@ -30,7 +30,7 @@ import time
 
 from .._kernel import caps, seccomp
 from . import connect, execve, lifecycle, metadata, opens, send
-from .fastpath import eligible, fast_path
+from .fastpath import COW_PRISTINE, eligible, fast_path
 from .freeze import Freeze, FreezeError
 from .network import CONTINUE, Defer, Frozen, Inject
 from .request import Denied, Request, thread_group
@@ -207,7 +207,11 @@ class Supervisor:
         session.pgid = pgid
         session.listener = listener
         if self._fast is not None and eligible(session, self._acts_with_caps(session)):
-            session.fast = self._fast.enable(listener, session.net.tcp_by_landlock)
+            fast = self._fast
+            session.fast = fast.enable(listener, session.net is not None
+                                       and session.net.tcp_by_landlock, session.cow is not None)
+            if session.fast and session.cow is not None:
+                session.cow.on_first_change = lambda: fast.clear(listener, COW_PRISTINE)
         with self._lock:
             self._sessions[listener] = session
         self._epoll.register(listener, select.EPOLLIN)
