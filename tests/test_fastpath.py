@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -312,3 +313,26 @@ def test_a_pristine_workspace_lets_the_kernel_do_its_reads(tmp_path):
     # second (nor the read and the listing)
     assert counts["0"] >= 200 and counts["0"] - counts["1"] >= 200
     assert sorted(os.listdir(work)) == ["data.txt"]  # aborted: the change was the layer's
+
+
+def test_a_library_from_another_version_is_not_used(tmp_path):
+    """A stale build (a pull without `make helper`) is refused with a warning, and the
+    supervisor does everything in Python: sandboxes still run."""
+    src = tmp_path / "old.c"
+    src.write_text("int sl_fast_version(void) { return 1; }\n")
+    lib = tmp_path / "libold.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    code = ("import sys, warnings\n"
+            "import sandlock.supervisor.fastpath as f\n"
+            f"f.LIBRARY = {str(lib)!r}\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    assert f.fast_path() is None\n"
+            "assert 'another version' in str(w[0].message)\n"
+            "sys.path.insert(0, 'tests')\n"
+            "from conftest import sandbox\n"
+            "r = sandbox(net_allow=['127.0.0.2:9']).run(['true'])\n"
+            "print(r.success)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.stdout == "True\n", r.stderr

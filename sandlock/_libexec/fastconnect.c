@@ -113,6 +113,11 @@ static void unref(struct entry *e) {  /* with lock held */
     }
 }
 
+/* The interface version fastpath.py expects (a stale build is not used). */
+int sl_fast_version(void) {
+    return 2;
+}
+
 /* Called by each new Supervisor before its thread starts, so with no other caller. In a
  * forked child the parent's table, workers and lock state are not ours: start empty (the
  * inherited fds are the parent's business: close-on-exec). */

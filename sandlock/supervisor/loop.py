@@ -225,6 +225,8 @@ class Supervisor:
             pass
         if self._fast is not None:
             self._fast.disable(listener)
+            if session is not None and session.cow is not None:
+                session.cow.on_first_change = None  # the number may serve another sandbox
         os.close(listener)
         if session is not None:
             session.released.set()
