@@ -4,6 +4,7 @@ over their workdir; the run's outcome commits, discards, keeps or defers the lay
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import random
 import shutil
@@ -16,7 +17,7 @@ import zipfile
 
 import pytest
 
-from sandlock import BranchAction, PolicyError
+from sandlock import BranchAction, PolicyError, StdioMode
 from sandlock.cow import CowLayer, commit, interrupted
 
 from conftest import PY, run_py, sandbox
@@ -621,3 +622,30 @@ def test_the_shipped_agent_workspace_policy_commits_only_on_success(tree, tmp_pa
                           capture_output=True, text=True, timeout=60)
     assert good.returncode == 0 and "applied" in good.stderr, good.stderr
     assert (work / "readme.txt").read_text() == "fixed\n"
+
+
+def test_the_layer_cannot_be_changed_through_a_path_into_its_storage(tree, tmp_path):
+    """chmod/xattr calls the supervisor performs must not reach the upper tree by a path
+    spelled into the storage that the layer does not map (here with a `..`): refused, the
+    mode unchanged; the same chmod through the workdir works (positive control)."""
+    work = _copy(tree, tmp_path / "work")
+    store = tmp_path / "store"
+    code = ("import os, sys\n"
+            "open('mine.txt', 'w').close()\n"  # the layer's first change: upper/mine.txt
+            "os.chmod('mine.txt', 0o600)\n"
+            "print('ready', flush=True)\n"
+            "path = sys.stdin.readline().strip()\n"
+            "try:\n    os.chmod(path, 0o777)\n    print('changed')\n"
+            "except OSError as e:\n    print('refused', e.errno)\n")
+    with cow_box(work, store, on_exit=BranchAction.ABORT).popen(
+            [PY, "-c", code], stdin=StdioMode.PIPED, stdout=StdioMode.PIPED) as p:
+        reader = io.BufferedReader(p.stdout)
+        assert reader.readline() == b"ready\n"
+        (layer,) = os.listdir(store)
+        upper = store / layer / "upper"
+        assert stat.S_IMODE(os.stat(upper / "mine.txt").st_mode) == 0o600
+        p.stdin.write(f"{store}/{layer}/../{layer}/upper/mine.txt\n".encode())
+        p.stdin.flush()
+        assert reader.readline() == b"refused 13\n"
+        assert stat.S_IMODE(os.stat(upper / "mine.txt").st_mode) == 0o600
+        p.wait(10)

@@ -46,12 +46,23 @@ def _check(fd: int, session) -> None:
 def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int,
                  follow: bool) -> int:
     path = req.read_path(path_arg)
-    if session.cow is not None:  # a copy-on-write workdir: the upper copy is changed
-        from .cow_calls import metadata_target
-        fd = metadata_target(req, session, dirfd, path, follow)
-        if fd is not None:
-            return fd
-    return req.open_target(dirfd, path, at_flags, follow)
+    if session.cow is None:
+        return req.open_target(dirfd, path, at_flags, follow)
+    from .cow_calls import metadata_target  # a copy-on-write workdir: the upper copy
+    fd = metadata_target(req, session, dirfd, path, follow)
+    if fd is not None:
+        return fd
+    fd = req.open_target(dirfd, path, at_flags, follow)
+    # _check accepts the layer's upper tree (fds the layer handed out are the sandbox's
+    # private copies); reached by a path the layer did not map, it is not the sandbox's.
+    try:
+        reached = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        reached = ""
+    if is_beneath(reached, session.cow.root):
+        os.close(fd)
+        raise Denied(errno.EACCES, "the workspace's storage is not the sandbox's to change")
+    return fd
 
 
 def _run(req: Request, session, fd: int, act) -> int:
