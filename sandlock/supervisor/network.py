@@ -138,8 +138,11 @@ def as_connected(address):
 
 def single_threaded(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # no file object: it
+        try:                                                          # runs on every connect
+            stat = os.read(fd, 1024)
+        finally:
+            os.close(fd)
         return int(stat[stat.rindex(b")") + 2:].split()[17]) == 1
     except (OSError, ValueError, IndexError):
         return False
