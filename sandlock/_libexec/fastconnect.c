@@ -1,8 +1,9 @@
-/* The supervisor's fast path for connect(), in C (sandlock/supervisor/fastpath.py).
+/* The supervisor's fast path, in C (sandlock/supervisor/fastpath.py): connect(), and the
+ * looking calls of a copy-on-write workspace that has not changed yet.
  *
  * The Python supervisor thread waits for notifications by calling sl_fast_wait(), which
  * runs without the GIL. For a listener the Python side has enabled, this code receives the
- * notification itself and answers two kinds of connect() without Python:
+ * notification itself and answers, without Python, calls of three kinds:
  *
  *  1. CONTINUE for a TCP socket (AF_INET/AF_INET6, SOCK_STREAM) of a single-threaded
  *     process when Landlock decides every TCP destination (the listener's SL_CONTINUE_TCP
@@ -10,6 +11,9 @@
  *  2. An on-behalf connect to a destination the Python decision code has already allowed
  *     for this listener (sl_fast_learn: socket family, address, port), performed on a
  *     duplicate of the child's socket by a worker thread with no effective capabilities.
+ *  3. CONTINUE for a call that only looks at a path (cow_read_only) in a workspace whose
+ *     layer holds no change yet (SL_COW_PRISTINE, cleared by Python before the first):
+ *     the workspace is then the workdir itself, which Landlock keeps read-only.
  *
  * Everything else (other syscalls, unknown destinations, any failure along the way) is
  * handed to Python with the notification already received. This code never denies and
