@@ -649,3 +649,17 @@ def test_the_layer_cannot_be_changed_through_a_path_into_its_storage(tree, tmp_p
         assert reader.readline() == b"refused 13\n"
         assert stat.S_IMODE(os.stat(upper / "mine.txt").st_mode) == 0o600
         p.wait(10)
+
+
+def test_calls_on_an_fd_of_a_private_copy_work(tree, tmp_path):
+    """fchmod(fd) and fchmodat/fchownat(fd, "", AT_EMPTY_PATH) on a file the layer
+    handed out change the private copy (the storage check is for spelled paths only)."""
+    work = _copy(tree, tmp_path / "work")
+    code = ("import ctypes, os, stat\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "fd = os.open('made.txt', os.O_CREAT | os.O_WRONLY, 0o644)\n"
+            "os.fchmod(fd, 0o600)\n"
+            "r = libc.fchownat(fd, b'', -1, -1, 0x1000)\n"  # AT_EMPTY_PATH
+            "print(r, ctypes.get_errno() if r else 0, oct(stat.S_IMODE(os.fstat(fd).st_mode)))\n")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run([PY, "-c", code])
+    assert r.stdout == b"0 0 0o600\n", (r.stdout, r.stderr)

@@ -53,6 +53,8 @@ def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int
     if fd is not None:
         return fd
     fd = req.open_target(dirfd, path, at_flags, follow)
+    if not path:  # AT_EMPTY_PATH: the fd itself, as trusted as in fchmod(fd)
+        return fd
     # _check accepts the layer's upper tree (fds the layer handed out are the sandbox's
     # private copies); reached by a path the layer did not map, it is not the sandbox's.
     try:
