@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -23,19 +22,6 @@ pytestmark = pytest.mark.skipif(fast_path() is None, reason="the fast path is no
 
 def stats():
     return fast_path().stats()
-
-
-@pytest.fixture
-def servers():
-    made = []
-
-    def make(host):
-        s = TcpServer(host)
-        made.append(s)
-        return s
-    yield make
-    for s in made:
-        s.close()
 
 
 CONNECTS = """
@@ -55,10 +41,10 @@ print(json.dumps(out))
 """
 
 
-def test_replayed_verdicts_are_exactly_pythons(servers, tmp_path):
+def test_replayed_verdicts_are_exactly_pythons(tcp_server, tmp_path):
     """Allowed connects after the first are answered in C; every denied one, interleaved
     with them, still reaches Python: refused, audited each time, never seen by its server."""
-    ok, other_ip = servers("127.0.0.2"), servers("127.0.0.3")
+    ok, other_ip = tcp_server("127.0.0.2"), tcp_server("127.0.0.3")
     log = tmp_path / "audit.jsonl"
     sb = sandbox(net_allow=[f"127.0.0.2:{ok.port}"], audit_log=str(log))
     specs = []
@@ -78,10 +64,10 @@ def test_replayed_verdicts_are_exactly_pythons(servers, tmp_path):
     assert after["connected"] - before["connected"] >= 58  # all but the first two, in C
 
 
-def test_a_learnt_verdict_is_forgotten_when_the_pins_change(servers, tmp_path):
+def test_a_learnt_verdict_is_forgotten_when_the_pins_change(tcp_server, tmp_path):
     """One run: 127.0.0.2 is allowed (and learnt) while the name points there; once the
     name moves to 127.0.0.4 the same connect is refused and the new address allowed."""
-    first, second = servers("127.0.0.2"), servers("127.0.0.4")
+    first, second = tcp_server("127.0.0.2"), tcp_server("127.0.0.4")
     dns = TestDnsServer({"moving.sandlock.test": ["127.0.0.2"]}, ttl=1)
     tmp_path.chmod(0o777)
     sb = sandbox(net_allow=["moving.sandlock.test"], dns_servers=[dns.address],
@@ -113,11 +99,11 @@ def test_a_learnt_verdict_is_forgotten_when_the_pins_change(servers, tmp_path):
     assert first.accepted == 2 and second.accepted == 1
 
 
-def test_a_multithreaded_caller_is_never_continued(servers):
+def test_a_multithreaded_caller_is_never_continued(tcp_server):
     """With a port rule Landlock decides TCP, and a single-threaded caller's connect is
     continued; with a second thread alive (it could swap the fd number for a unix socket
     before the kernel re-reads) the supervisor connects on the caller's behalf instead."""
-    srv = servers("127.0.0.2")
+    srv = tcp_server("127.0.0.2")
     sb = sandbox(net_allow=[f"tcp://:{srv.port}"], net_allow_unix=["/nonexistent.sock"])
     single = "import socket, sys\ns = socket.socket(); s.connect(('127.0.0.2', int(sys.argv[1])))"
     threaded = ("import socket, sys, threading, time\n"
@@ -166,10 +152,10 @@ def test_killing_a_sandbox_aborts_its_fast_connects():
         srv.close()
 
 
-def test_many_threads_connecting_at_once(servers):
+def test_many_threads_connecting_at_once(tcp_server):
     """32 threads × 50 connects in one sandbox: all answered, each connected socket intact
     (the server's greeting arrives: no abort of a caller that was just answered)."""
-    srv = servers("127.0.0.2")
+    srv = tcp_server("127.0.0.2")
     code = ("import socket, sys, threading\nerrs = []\n"
             "def c():\n for _ in range(50):\n"
             "  s = socket.socket()\n"

@@ -13,26 +13,13 @@ import time
 import dns.message  # noqa: F401  (loaded so that the unprivileged run copies dnspython)
 import pytest
 
-from conftest import TcpServer, connect_in, run_py, sandbox
+from conftest import connect_in, run_py, sandbox
 from dnsserver import TestDnsServer
 
 DNSPY_PATH = os.path.dirname(os.path.dirname(dns.message.__file__))
 
-@pytest.fixture
-def servers():
-    made = []
-
-    def make(host):
-        s = TcpServer(host)
-        made.append(s)
-        return s
-    yield make
-    for s in made:
-        s.close()
-
-
-def test_ip_rule_allows_only_that_address_and_port(servers):
-    ok, other_ip, other_port_srv = servers("127.0.0.2"), servers("127.0.0.3"), servers("127.0.0.2")
+def test_ip_rule_allows_only_that_address_and_port(tcp_server):
+    ok, other_ip, other_port_srv = tcp_server("127.0.0.2"), tcp_server("127.0.0.3"), tcp_server("127.0.0.2")
     sb = sandbox(net_allow=[f"127.0.0.2:{ok.port}"])
     res = connect_in(sb, f"127.0.0.2:{ok.port}", f"127.0.0.3:{other_ip.port}",
                      f"127.0.0.2:{other_port_srv.port}")
@@ -41,10 +28,10 @@ def test_ip_rule_allows_only_that_address_and_port(servers):
     assert (ok.accepted, other_ip.accepted, other_port_srv.accepted) == (1, 0, 0)
 
 
-def test_address_forms_cannot_dodge_the_rule(servers):
-    s1 = servers("127.0.0.1")
-    s3 = servers("127.0.0.3")
-    v6 = servers("::1")
+def test_address_forms_cannot_dodge_the_rule(tcp_server):
+    s1 = tcp_server("127.0.0.1")
+    s3 = tcp_server("127.0.0.3")
+    v6 = tcp_server("::1")
     sb = sandbox(net_allow=[f"127.0.0.2:{s1.port}", f"127.0.0.2:{s3.port}", f"127.0.0.2:{v6.port}"])
     res = connect_in(sb, f"[::1]:{v6.port}", f"[::ffff:127.0.0.3]:{s3.port}",
                      f"127.1:{s1.port}", f"2130706433:{s1.port}")
@@ -57,8 +44,8 @@ def test_address_forms_cannot_dodge_the_rule(servers):
     assert connect_in(sandbox(net_allow=[f"127.1:{s1.port}"]), f"127.0.0.1:{s1.port}") == ["ok\n"]
 
 
-def test_cidr_rule_and_deny_wins(servers):
-    a, b = servers("127.0.0.2"), servers("127.0.0.3")
+def test_cidr_rule_and_deny_wins(tcp_server):
+    a, b = tcp_server("127.0.0.2"), tcp_server("127.0.0.3")
     sb = sandbox(net_allow=["127.0.0.0/24"], net_deny=["127.0.0.3"])
     assert connect_in(sb, f"127.0.0.2:{a.port}", f"127.0.0.3:{b.port}") == ["ok\n", 13]
     assert (a.accepted, b.accepted) == (1, 0)
@@ -130,8 +117,8 @@ def test_every_udp_send_path_is_checked():
     denied.close()
 
 
-def test_tcp_fast_open_is_a_checked_connect(servers):
-    srv = servers("127.0.0.3")
+def test_tcp_fast_open_is_a_checked_connect(tcp_server):
+    srv = tcp_server("127.0.0.3")
     code = ("import socket, sys\ns = socket.socket()\ntry:\n"
             " s.sendto(b'GET /', 0x20000000, ('127.0.0.3', int(sys.argv[1]))); print('sent')\n"
             "except OSError as e: print(e.errno)")
@@ -195,8 +182,8 @@ print(json.dumps(out))
 """
 
 
-def test_glibc_lookups_resolve_allowed_names_and_leak_nothing(dns_server, servers):
-    srv = servers("127.0.0.2")
+def test_glibc_lookups_resolve_allowed_names_and_leak_nothing(dns_server, tcp_server):
+    srv = tcp_server("127.0.0.2")
     sb = sandbox(net_allow=[f"api.sandlock.test:{srv.port}"], dns_servers=[dns_server.address],
                  net_allow_private=True)
     r = run_py(sb, RESOLVE, "api.sandlock.test", "secret-data.exfil.test")
@@ -210,8 +197,8 @@ def test_glibc_lookups_resolve_allowed_names_and_leak_nothing(dns_server, server
     assert run_py(sb, code).stdout == b"ok\n\n"
 
 
-def test_curl_resolves_through_the_sandbox(dns_server, servers):
-    srv = servers("127.0.0.2")
+def test_curl_resolves_through_the_sandbox(dns_server, tcp_server):
+    srv = tcp_server("127.0.0.2")
     sb = sandbox(net_allow=[f"api.sandlock.test:{srv.port}"], dns_servers=[dns_server.address],
                  net_allow_private=True)
     r = sb.run(["curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{remote_ip}",
@@ -247,8 +234,8 @@ print(json.dumps(out))
     assert not dns_server.saw("secret-data.exfil.test")
 
 
-def test_hostname_resolving_to_private_address_needs_opt_in(dns_server, servers):
-    srv = servers("127.0.0.4")
+def test_hostname_resolving_to_private_address_needs_opt_in(dns_server, tcp_server):
+    srv = tcp_server("127.0.0.4")
     rule = [f"internal.sandlock.test:{srv.port}"]
     sb = sandbox(net_allow=rule, dns_servers=[dns_server.address])
     assert connect_in(sb, f"127.0.0.4:{srv.port}") == [13]
@@ -265,8 +252,8 @@ def test_unresolvable_host_is_a_clear_error(dns_server):
         sb.run(["true"])
 
 
-def test_audit_records_each_denial(tmp_path, servers):
-    ok, bad = servers("127.0.0.2"), servers("127.0.0.3")
+def test_audit_records_each_denial(tmp_path, tcp_server):
+    ok, bad = tcp_server("127.0.0.2"), tcp_server("127.0.0.3")
     log = tmp_path / "audit.jsonl"
     sb = sandbox(net_allow=[f"127.0.0.2:{ok.port}"], audit_log=str(log), name="audited")
     res = connect_in(sb, f"127.0.0.3:{bad.port}", f"127.0.0.2:{ok.port}",
@@ -283,8 +270,8 @@ def test_audit_records_each_denial(tmp_path, servers):
         assert "no rule allows tcp 127.0.0.3" in rec["reason"]
 
 
-def test_many_sandboxes_many_connects(servers):
-    ok, bad = servers("127.0.0.2"), servers("127.0.0.3")
+def test_many_sandboxes_many_connects(tcp_server):
+    ok, bad = tcp_server("127.0.0.2"), tcp_server("127.0.0.3")
     code = """
 import socket, sys
 ok = bad = 0
@@ -315,8 +302,8 @@ print(ok, bad)
     assert ok.accepted == 20 * 250 and bad.accepted == 0
 
 
-def test_address_change_is_followed_as_ttl_expires(servers):
-    first, second = servers("127.0.0.2"), servers("127.0.0.4")
+def test_address_change_is_followed_as_ttl_expires(tcp_server):
+    first, second = tcp_server("127.0.0.2"), tcp_server("127.0.0.4")
     dns_srv = TestDnsServer({"moving.sandlock.test": ["127.0.0.2"]}, ttl=1)
     try:
         sb = sandbox(net_allow=["moving.sandlock.test"], dns_servers=[dns_srv.address],
@@ -332,8 +319,8 @@ def test_address_change_is_followed_as_ttl_expires(servers):
         dns_srv.close()
 
 
-def test_concurrent_sandboxes_share_one_audit_log_without_interleaving(tmp_path, servers):
-    bad = servers("127.0.0.3")
+def test_concurrent_sandboxes_share_one_audit_log_without_interleaving(tmp_path, tcp_server):
+    bad = tcp_server("127.0.0.3")
     log = tmp_path / "shared.jsonl"
     code = ("import socket, sys\nfor i in range(40):\n s = socket.socket()\n"
             " try: s.connect(('127.0.0.3', int(sys.argv[1])))\n except OSError: pass\n"
