@@ -19,6 +19,14 @@ AT_EACCESS = 0x200
 
 # --- stat-like reads ---------------------------------------------------------------------------
 
+def _existing(session, req, rel: str, follow: bool):
+    """Where a call that only looks finds `rel` (under the layer's lock); ENOENT if nothing."""
+    loc = located(session, req, rel, follow, False, inspect=True)
+    if loc.kind == MISSING:
+        raise OSError(errno.ENOENT, "No such file or directory")
+    return loc
+
+
 def _stat_common(req, session, dirfd, path_arg, buf_arg, at_flags, statx_args=None):
     path = req.read_path(path_arg)
     if not path and at_flags & AT_EMPTY_PATH:
@@ -27,9 +35,7 @@ def _stat_common(req, session, dirfd, path_arg, buf_arg, at_flags, statx_args=No
     if rel is None:
         return CONTINUE
     with session.cow.lock:
-        loc = located(session, req, rel, not at_flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
-        if loc.kind == MISSING:
-            raise OSError(errno.ENOENT, "No such file or directory")
+        loc = _existing(session, req, rel, not at_flags & AT_SYMLINK_NOFOLLOW)
         raw = raw_stat(loc.real, STATX_SIZE if statx_args else STAT_SIZE, statx_args)
     write_child(req, session, req.args[buf_arg], raw)
     return 0
@@ -59,9 +65,7 @@ def _access(req, session, dirfd, path_arg, mode, flags):
     if rel is None:
         return CONTINUE
     with session.cow.lock:
-        loc = located(session, req, rel, not flags & AT_SYMLINK_NOFOLLOW, False, inspect=True)
-        if loc.kind == MISSING:
-            raise OSError(errno.ENOENT, "No such file or directory")
+        loc = _existing(session, req, rel, not flags & AT_SYMLINK_NOFOLLOW)
         # A placeholder answers for the lower file: writable if that file is (copy-up).
         if not os.access(loc.real, mode, effective_ids=bool(flags & AT_EACCESS),
                          follow_symlinks=False):
@@ -90,9 +94,7 @@ def _readlink(req, session, dirfd, path_arg, buf_arg, size_arg):
     if size <= 0:
         raise OSError(errno.EINVAL, "Invalid argument")
     with session.cow.lock:
-        loc = located(session, req, rel, False, False, inspect=True)
-        if loc.kind == MISSING:
-            raise OSError(errno.ENOENT, "No such file or directory")
+        loc = _existing(session, req, rel, False)
         target = os.fsencode(os.readlink(loc.real))
     data = target[:size]
     write_child(req, session, req.args[buf_arg], data)
@@ -128,9 +130,7 @@ def _getxattr(follow):
         name = os.fsdecode(req.read_path(1))
         size = req.args[3]
         with session.cow.lock:
-            loc = located(session, req, rel, follow, False, inspect=True)
-            if loc.kind == MISSING:
-                raise OSError(errno.ENOENT, "No such file or directory")
+            loc = _existing(session, req, rel, follow)
             if name.startswith(XATTR_PREFIX):
                 raise OSError(errno.ENODATA, "No data available")
             value = os.getxattr(loc.real, name, follow_symlinks=False)
@@ -146,9 +146,7 @@ def _listxattr(follow):
             return CONTINUE
         size = req.args[2]
         with session.cow.lock:
-            loc = located(session, req, rel, follow, False, inspect=True)
-            if loc.kind == MISSING:
-                raise OSError(errno.ENOENT, "No such file or directory")
+            loc = _existing(session, req, rel, follow)
             names = [n for n in os.listxattr(loc.real, follow_symlinks=False)
                      if not n.startswith(XATTR_PREFIX)]
         data = b"".join(os.fsencode(n) + b"\0" for n in names)
