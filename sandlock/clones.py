@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import array
 import ctypes
 import gc
 import io
@@ -28,6 +29,7 @@ import resource
 import select
 import selectors
 import signal
+import socket
 import sys
 import threading
 import time
@@ -57,40 +59,50 @@ class Clone:
 
 
 class _Report:
-    """The init process's report pipe: "P id pid" per clone, "F ns" once all are forked,
-    "X pid status" per exit, "E message" on failure. Read with a deadline (poll: fd numbers
-    may exceed select's limit); lines that do not parse are ignored."""
+    """The caller's end of the init process's report socket (SOCK_SEQPACKET: one record
+    per send, whole lines): "P id pid" per clone, with the clone's stdout read end attached
+    (SCM_RIGHTS, in line order), "F ns" once all are forked, "X pid status" per exit,
+    "E message" on failure. Read with a deadline (poll: fd numbers may exceed select's
+    limit). Lines that do not parse are ignored; an fd not claimed by a P line of its own
+    record is closed at once (init_fn runs in the init process and may send anything)."""
 
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.buf = b""
+    RECORD = 65536
+    ANCILLARY = socket.CMSG_SPACE(253 * 4)  # SCM_MAX_FD
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
         self.eof = False
 
     def lines(self, deadline: float | None):
-        """Complete lines until EOF; yields None when the deadline passes."""
+        """(line, fd or None) until EOF; yields (None, None) when the deadline passes.
+        The consumer owns every fd it is given."""
         poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
-        while True:
-            while b"\n" in self.buf:
-                line, self.buf = self.buf.split(b"\n", 1)
-                yield line
-            if self.eof:
-                return
+        poller.register(self.sock.fileno(), select.POLLIN)
+        while not self.eof:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                yield None
+                yield None, None
                 return
             if not poller.poll(None if left is None else max(1, int(left * 1000))):
                 continue
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
+            data, anc, _, _ = self.sock.recvmsg(self.RECORD, self.ANCILLARY)
+            fds = []
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds += array.array("i", payload[:len(payload) - len(payload) % 4])
+            if not data and not fds:
                 self.eof = True
-            self.buf += chunk
+                return
+            try:
+                for line in data.split(b"\n")[:-1]:  # a record holds whole lines
+                    fd = fds.pop(0) if line.startswith(b"P ") and fds else None
+                    yield line, fd
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
     def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.sock.close()
 
 
 def _ints(parts, count):
@@ -176,10 +188,14 @@ class ForkResult:
         """Exit codes from the report until the init process ends (killing everything at
         the deadline); then whatever is left in the group is killed, as run() does."""
         by_pid = {c.pid: c for c in self.clones}
-        for line in self._report.lines(deadline):
+        for line, fd in self._report.lines(deadline):
+            if fd is not None:  # no P line is expected any more
+                os.close(fd)
             if line is None:  # the deadline: kill, then read what is left until EOF
                 self.kill()
-                for line2 in self._report.lines(time.monotonic() + 5):
+                for line2, fd2 in self._report.lines(time.monotonic() + 5):
+                    if fd2 is not None:
+                        os.close(fd2)
                     self._exit_line(line2, by_pid)
                 break
             self._exit_line(line, by_pid)
@@ -254,20 +270,11 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
                                         deny_inet=detect().landlock_abi < 4,
                                         deny_unix=deny_unix, deny_listen=deny_listen)
     highest = max(int(x) for x in os.listdir("/proc/self/fd"))
-    _ensure_nofile(highest + 3 * n + 16)  # the pipes, then a contiguous copy in the init
-    pipes = []
-    try:
-        for _ in range(n + 2):  # the clones' stdouts, the report, the shared stderr
-            pipes.append(os.pipe2(os.O_CLOEXEC))
-    except OSError as e:
-        for r, w in pipes:
-            os.close(r)
-            os.close(w)
-        raise SandlockError(f"fork({n}): cannot create the clones' pipes: {e.strerror} "
-                            f"(raise RLIMIT_NOFILE)") from None
-    status_r, err_r = pipes[n][0], pipes[n + 1][0]
+    _ensure_nofile(highest + n + 16)  # the clones' read ends stay here until wait()
+    lib = _forkloop()
+    report_sock, init_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)  # one stderr for init_fn and every clone
     base = max(max(int(x) for x in os.listdir("/proc/self/fd")), highest) + 1
-    _forkloop()
     for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
         try:
             stream.flush()
@@ -278,35 +285,38 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
         warnings.simplefilter("ignore", DeprecationWarning)  # touches none of theirs
         pid = os.fork()
     if pid == 0:  # the init process: never returns
-        _init_main(conf, bpf, policy, sandbox.init_fn, sandbox.work_fn, n, pipes, base)
-    for _, w in pipes:
-        os.close(w)
-    report = _Report(status_r)
+        _init_main(conf, bpf, policy, sandbox.init_fn, sandbox.work_fn, n, lib,
+                   init_sock.fileno(), err_w, base)
+    init_sock.close()
+    os.close(err_w)
+    report = _Report(report_sock)
     deadline = None if timeout is None else time.monotonic() + timeout
-    pids: dict[int, int] = {}
+    outs: dict[int, tuple[int, int]] = {}  # clone id: (pid, stdout read end)
     fork_ns, failure = None, None
-    for line in report.lines(deadline):
+    for line, fd in report.lines(deadline):
         parts = (line or b"").split()
         if line is None:
             failure = f"init_fn and the forks did not complete within {timeout}s"
         elif parts[:1] == [b"P"]:
             vals = _ints(parts, 2)
-            if vals is None or not 0 <= vals[0] < n or vals[1] <= 0 or vals[0] in pids:
+            if (vals is None or fd is None or not 0 <= vals[0] < n or vals[1] <= 0
+                    or vals[0] in outs):
                 failure = f"the init process sent a malformed report: {line[:80]!r}"
             else:
-                pids[vals[0]] = vals[1]
+                outs[vals[0]] = (vals[1], fd)
                 continue
         elif parts[:1] == [b"F"]:
             vals = _ints(parts, 1)
             fork_ns = vals[0] if vals else 0
         elif parts[:1] == [b"E"]:
             failure = line.decode(errors="replace")[2:].strip()
-        else:
-            continue
-        break
-    if failure is None and (fork_ns is None or len(pids) != n):
+        if fd is not None:
+            os.close(fd)
+        if line is None or parts[:1] in ([b"P"], [b"F"], [b"E"]):
+            break
+    if failure is None and (fork_ns is None or len(outs) != n):
         failure = "the init process ended early"
-    clones = [Clone(i, pids.get(i, -1), pipes[i][0]) for i in range(n)]
+    clones = [Clone(i, *outs.get(i, (-1, -1))) for i in range(n)]
     result = ForkResult(pid, clones, report, err_r, (fork_ns or 0) / 1e9)
     if failure is not None:
         result.close()
@@ -385,51 +395,50 @@ def _apply_process_fields(policy) -> None:
         os.chdir(policy.cwd)
 
 
-def _init_main(conf, bpf, policy, init_fn, work_fn, n, pipes, base):
+def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
     code = INIT_FAILED
-    status = base + n
+    report = base  # the report socket: with 0, 1 and 2, all the init process keeps open
     try:
-        for r, _ in pipes:
-            os.close(r)
-        for i, (_, w) in enumerate(pipes):  # contiguous from `base`: n stdouts, report, stderr
-            os.dup2(w, base + i, inheritable=False)
-        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(sock, report, inheritable=False)
+        null = os.open("/dev/null", os.O_RDWR)
         os.dup2(null, 0)
-        os.dup2(base + n + 1, 2)  # one stderr for init_fn and every clone, read by wait()
+        os.dup2(err_w, 2)  # one stderr for init_fn and every clone, read by wait()
+        try:
+            os.fstat(1)  # the caller's stdout, init_fn's too; the clones' is replaced
+        except OSError:
+            os.dup2(null, 1)
         _unmap_shared_writable()
         _apply_process_fields(policy)
         failed = _confine_self(conf, bpf)
         if failed is not None:
-            os.write(status, f"E confinement failed at {failed}\n".encode())
+            os.write(report, f"E confinement failed at {failed}\n".encode())
             os._exit(INIT_FAILED)
-        os.closerange(3, base)  # nothing else of the caller's stays open, even an fd
-        os.closerange(base + n + 1, _MAX_FD)  # another thread opened during the fork
+        os.closerange(3, report)  # nothing else of the caller's stays open, even an fd
+        os.closerange(report + 1, _MAX_FD)  # another thread opened during the fork
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
         if init_fn is not None:
             init_fn()
+        # What a clone needs is built here, once: every page a clone writes before
+        # work_fn is a copy-on-write fault. fd 1 is each clone's own pipe by then.
+        stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=False)
+        os.environ["CLONE_ID"] = ""
         # Everything init_fn built becomes permanent for the collector: a clone's GC then
-        # never walks (and so never copies) those pages.
+        # never walks (and so never copies) those pages. Freed heap goes back to the
+        # kernel: each clone copies, and tears down, page tables for what is mapped.
         gc.collect()
         gc.freeze()
+        _trim_heap()
         t0 = time.perf_counter_ns()
-        i, pids = _fork_all(n)
+        i, pids = _fork_all(n, lib, report)
         if i >= 0:
-            _clone_main(i, base, n, work_fn)
-        os.closerange(base, base + n)  # the clones hold their own ends now
-        report = [b"P %d %d\n" % (k, pid) for k, pid in enumerate(pids)]
-        spent = time.perf_counter_ns() - t0
-        _write_all(status, b"".join(report) + b"F %d\n" % spent)
-        waiting = set(pids)
-        while waiting:  # the clones only: children init_fn started are not reported
-            pid, st = os.wait()
-            if pid in waiting:
-                waiting.discard(pid)
-                _write_all(status, b"X %d %d\n" % (pid, st))
+            _clone_main(i, work_fn, stdout)
+        _write_all(report, b"F %d\n" % (time.perf_counter_ns() - t0))
+        _reap(pids, lib, report)  # the clones only: children init_fn started are not reported
         code = 0
     except BaseException:
         try:
             msg = traceback.format_exc().strip().splitlines()[-1]
-            os.write(status, f"E init_fn failed: {msg}\n".encode())
+            os.write(report, f"E init_fn failed: {msg}\n".encode())
             traceback.print_exc()
         except BaseException:
             pass
@@ -439,45 +448,100 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, pipes, base):
 
 FORKLOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libexec",
                         "libsandlock-fork.so")
-
+FORKLOOP_VERSION = 2  # sandlock_forkloop_version() of the forkloop.c this module speaks to
 
 _loaded: list = []
 
 
 def _forkloop():
     """The C loop, loaded in the caller before the init process confines itself (Landlock
-    would refuse to map it afterwards); None when it was not built."""
+    would refuse to map it afterwards); None when it was not built or is stale."""
     if not _loaded:
-        _loaded.append(ctypes.CDLL(FORKLOOP, use_errno=True) if os.path.exists(FORKLOOP)
-                       else None)
+        lib = None
+        if os.path.exists(FORKLOOP):
+            try:
+                lib = ctypes.CDLL(FORKLOOP, use_errno=True)
+                if lib.sandlock_forkloop_version() != FORKLOOP_VERSION:
+                    raise AttributeError
+            except (OSError, AttributeError):
+                lib = None
+                import warnings
+                warnings.warn(f"{FORKLOOP} is from another version of sandlock (run `make "
+                              "helper`); COW fork uses its slower Python loop")
+        _loaded.append(lib)
     return _loaded[0]
 
 
-def _fork_all(n: int) -> tuple[int, list[int]]:
-    """Fork n clones: (clone index, []) in a clone, (-1, pids) in the init process. The
-    forks bypass Python's at-fork machinery: safe here, as the init process never starts a
-    thread and a clone only runs work_fn and exits. With the C loop (make helper) nothing
-    runs between two forks; without it, a Python loop does the same, slower."""
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the kernel (glibc; elsewhere a no-op)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _fork_all(n: int, lib, report: int) -> tuple[int, list[int]]:
+    """Fork n clones, each with its stdout on a fresh pipe whose read end goes to the
+    caller over `report`: (clone index, []) in a clone, (-1, pids) in the init process.
+    The forks bypass Python's at-fork machinery: safe here, as the init process never
+    starts a thread and a clone only runs work_fn and exits. With the C loop (make
+    helper) nothing runs between two forks; without it, a Python loop does the same,
+    slower (one record per clone)."""
     pids = (ctypes.c_int * n)()
     forked = ctypes.c_int(0)
-    lib = _forkloop()
     if lib is not None:
-        i = lib.sandlock_fork_clones(n, pids, ctypes.byref(forked))
+        i = lib.sandlock_fork_clones(n, report, pids, ctypes.byref(forked))
         if i >= 0:
             return i, []
     else:
-        libc = ctypes.CDLL(None, use_errno=True)
-        for k in range(n):
-            pid = libc.fork()
-            if pid == 0:
-                return k, []
-            if pid < 0:
-                break
-            pids[k] = pid
-            forked.value = k + 1
+        i = _fork_all_python(n, report, pids, forked)
+        if i >= 0:
+            return i, []
     if forked.value != n:
         raise OSError(ctypes.get_errno(), f"fork failed after {forked.value} clones")
     return -1, list(pids)
+
+
+def _fork_all_python(n, report, pids, forked) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    sock = socket.socket(fileno=os.dup(report))
+    try:
+        for k in range(n):
+            r, w = os.pipe2(os.O_CLOEXEC)
+            pid = libc.fork()
+            if pid == 0:
+                os.dup2(w, 1)
+                for fd in (r, w, report, sock.detach()):
+                    os.close(fd)
+                return k
+            os.close(w)
+            try:
+                if pid < 0:
+                    return -1
+                pids[k] = pid
+                forked.value = k + 1
+                sock.sendmsg([b"P %d %d\n" % (k, pid)],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+            finally:
+                os.close(r)
+        return -1
+    finally:
+        if sock.fileno() >= 0:
+            sock.close()
+
+
+def _reap(pids: list[int], lib, report: int) -> None:
+    if lib is not None:
+        arr = (ctypes.c_int * len(pids))(*pids)
+        if lib.sandlock_reap(len(pids), arr, report) < 0:
+            raise OSError(ctypes.get_errno(), "waiting for the clones failed")
+        return
+    waiting = set(pids)
+    while waiting:
+        pid, st = os.wait()
+        if pid in waiting:
+            waiting.discard(pid)
+            _write_all(report, b"X %d %d\n" % (pid, st))
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -486,16 +550,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _clone_main(i: int, base: int, n: int, work_fn) -> None:
+def _clone_main(i: int, work_fn, stdout) -> None:
     code = 1
     try:
-        os.dup2(base + i, 1)
-        os.closerange(base, base + n + 2)  # the other clones' pipes and the report
         os.environ["CLONE_ID"] = str(i)
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=False)
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+        sys.stdout = stdout
         work_fn(i)
-        sys.stdout.flush()
+        stdout.flush()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -270,3 +270,95 @@ def test_clones_get_no_unix_socket_and_no_unbound_listen(tmp_path):
     with pytest.raises(socket.timeout):
         srv.recv(100)  # nothing reached the pathname socket
     srv.close()
+
+
+def _fds_of_this_process() -> dict[str, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def _own_fds(i):
+    """A clone prints its open fds (but the one listing them) and its stdout's pipe."""
+    fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+    live = []
+    for fd in fds:
+        try:
+            os.fstat(fd)
+            live.append(fd)
+        except OSError:
+            pass  # the listing's own directory fd, closed by now
+    print(live, os.readlink("/proc/self/fd/1"))
+
+
+@pytest.mark.parametrize("loop", ["C", "Python"])
+def test_each_clone_holds_only_its_own_pipe(loop, monkeypatch):
+    """Each clone's pipe is made just before its fork and its read end leaves the init
+    process within a batch of 32 forks: a clone holds fds 0, 1, 2 and no sibling's read
+    end. 70 clones span three batches. The Python loop (no `make helper`) keeps the
+    same invariant."""
+    import sandlock.clones as clones_mod
+    if loop == "Python":
+        monkeypatch.setattr(clones_mod, "_loaded", [None])
+    else:
+        assert clones_mod._forkloop() is not None, "the C loop is not built (make helper)"
+    clones = mapper(work_fn=_own_fds, init_fn=None,
+                    fs_readable=["/proc"]).fork(70, timeout=60).wait(timeout=60)
+    assert all(c.exit_code == 0 for c in clones), clones.stderr
+    fds = [c.stdout.split(b"]")[0] + b"]" for c in clones]
+    pipes = [c.stdout.split(b"]")[1].strip() for c in clones]
+    assert set(fds) == {b"[0, 1, 2]"}
+    assert len(set(pipes)) == 70 and all(p.startswith(b"pipe:") for p in pipes)
+
+
+def _forging_init():
+    """init_fn runs in the init process, beside the report socket: it sends junk lines
+    with fds attached, then a record that claims clone 1's output."""
+    import array
+    import socket
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                sock = socket.socket(fileno=os.dup(int(fd)))
+                break
+        except OSError:
+            continue
+    junk = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", junk))]
+    sock.sendmsg([b"hello\nX 1 2\n"], rights)
+    if STATE.get("claim"):
+        r, w = os.pipe()
+        os.write(w, b"forged\n")
+        sock.sendmsg([b"P 1 %d\n" % os.getpid()],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+
+
+@pytest.mark.parametrize("claim", [False, True])
+def test_what_init_fn_sends_on_the_report_is_contained(claim):
+    """Unclaimed fds are closed at once and junk lines ignored: the clones' outputs are
+    intact. A P line that init_fn sends before the real one makes the real one a
+    duplicate: fork() fails (nothing is reported as a clone's output) and leaves neither
+    an fd nor a process behind."""
+    before = _fds_of_this_process()
+    STATE["claim"] = claim
+    try:
+        sb = mapper(init_fn=_forging_init, work_fn=lambda i: print(f"clone {i}"),
+                    fs_readable=["/proc"])
+        if claim:
+            with pytest.raises(Exception, match="malformed report"):
+                sb.fork(3, timeout=30)
+        else:
+            clones = sb.fork(3, timeout=30).wait(timeout=30)
+            assert [c.stdout for c in clones] == [b"clone 0\n", b"clone 1\n", b"clone 2\n"]
+            assert [c.exit_code for c in clones] == [0, 0, 0]
+    finally:
+        STATE.pop("claim", None)
+    del sb  # its own Landlock ruleset and BPF memfd
+    import gc
+    gc.collect()
+    after = _fds_of_this_process()
+    assert {fd: t for fd, t in after.items() if before.get(fd) != t} == {}
