@@ -35,7 +35,7 @@ import threading
 import time
 import traceback
 
-from ._kernel import caps
+from ._kernel import caps, hugepages
 from ._kernel.seccomp import load_filter
 from .errors import PolicyError, SandlockError
 
@@ -380,6 +380,19 @@ def _unmap_shared_writable() -> None:
             libc.munmap(lo, hi - lo)
 
 
+def _open_maps(fd: int) -> int:
+    """/proc/self/maps at `fd`, opened before Landlock may forbid it (it only lists this
+    process's own mappings); -1 without /proc. Closed before any clone is forked."""
+    try:
+        opened = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    if opened != fd:
+        os.dup2(opened, fd, inheritable=False)
+        os.close(opened)
+    return fd
+
+
 def _apply_process_fields(policy) -> None:
     """cwd, env and clean_env, as run() applies them to the program."""
     from .sandbox import _CLEAN_ENV_KEEP, _DEFAULT_PATH  # the same as run()'s
@@ -408,14 +421,16 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         except OSError:
             os.dup2(null, 1)
         _unmap_shared_writable()
+        maps = _open_maps(report + 1)
         _apply_process_fields(policy)
         failed = _confine_self(conf, bpf)
         if failed is not None:
             os.write(report, f"E confinement failed at {failed}\n".encode())
             os._exit(INIT_FAILED)
         os.closerange(3, report)  # nothing else of the caller's stays open, even an fd
-        os.closerange(report + 1, _MAX_FD)  # another thread opened during the fork
+        os.closerange(report + 2, _MAX_FD)  # another thread opened during the fork
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+        before = hugepages.mapped_before(maps) if maps >= 0 else set()
         if init_fn is not None:
             init_fn()
         # What a clone needs is built here, once: every page a clone writes before
@@ -428,6 +443,9 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         gc.collect()
         gc.freeze()
         _trim_heap()
+        if maps >= 0:  # what init_fn built: one page-table entry per 2 MiB, not per 4 KiB
+            hugepages.collapse_new(maps, before)
+            os.close(maps)
         t0 = time.perf_counter_ns()
         i, pids = _fork_all(n, lib, report)
         if i >= 0:
