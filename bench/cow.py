@@ -114,7 +114,7 @@ def run(rounds=6, per_round=10, quick=False, log=lambda s: print(s, file=sys.std
                           "unavailable": unavailable}
         leftover = os.listdir(storage) if os.path.isdir(storage) else []
         out["layers_left_behind"] = len(leftover)
-        out["fork"] = _fork_rates(workers, rounds, log)
+        out["fork"] = _fork_rates(workers, rounds, log, tmp)
     finally:
         for w in workers.values():
             w.close()
@@ -123,32 +123,57 @@ def run(rounds=6, per_round=10, quick=False, log=lambda s: print(s, file=sys.std
 
 
 FORK_N = 1000
+FORK_INIT_MB = (0, 200)  # a trivial init_fn; one that loads a 200 MB model
 
 
-def _fork_rates(workers, rounds, log):
-    """fork(1000) with a trivial init_fn and a work_fn printing its id: clones per second,
-    wall time of fork() to every clone done (ours: fork() + wait()), and ours' own figure
-    for the forking alone (the init process's loop)."""
-    policy = {"fs_readable": SYSTEM, "fs_writable": ["/dev/null"]}
-    res = {"n": FORK_N, "ours": [], "ours_forking": [], "upstream": [], "unavailable": {}}
-    for i in range(rounds):
-        for name in (("ours", "upstream") if i % 2 == 0 else ("upstream", "ours")):
-            if name in res["unavailable"]:
-                continue
-            r = workers[name].ask({"op": "fork", "n": FORK_N, "policy": policy})
-            if not r.get("ok"):
-                if name == "ours":
-                    raise RuntimeError(f"cow/fork: ours failed: {r.get('err')}")
-                res["unavailable"][name] = (r.get("err") or "")[:200]
-                log(f"  fork/upstream: unavailable ({res['unavailable'][name]})")
-                continue
-            res[name].append(FORK_N / (r["ns"] / 1e9))
-            if name == "ours" and r.get("fork_seconds"):
-                res["ours_forking"].append(FORK_N / r["fork_seconds"])
-        log(f"  fork: {i + 1}/{rounds} rounds")
+def _floor_lib(tmp, log):
+    """bench/fork_floor.c, built for this run; None without a C compiler."""
+    out = os.path.join(tmp, "fork_floor.so")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_floor.c")
+    cp = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", out, src],
+                        capture_output=True, text=True)
+    if cp.returncode != 0:
+        log(f"  fork floor: not measured (cc: {cp.stderr.strip()[:200]})")
+        return None
+    return out
+
+
+def _fork_rates(workers, rounds, log, tmp):
+    """fork(1000) with an init_fn building 0 or 200 MB (every page written) and a work_fn
+    printing its id: clones per second, wall time of fork() to every clone done (ours:
+    fork() + wait()), ours' own figure for the forking alone (the init process's loop),
+    and the kernel's floor: raw fork + _exit from our worker's process."""
     import statistics
-    return {k: (statistics.median(v) if isinstance(v, list) and v else v)
-            for k, v in res.items()}
+    policy = {"fs_readable": SYSTEM, "fs_writable": ["/dev/null"]}
+    lib = _floor_lib(tmp, log)
+    out = {"n": FORK_N, "unavailable": {}, "floor": None, "caller_anon_mib": None}
+    floor = []
+    for mb in FORK_INIT_MB:
+        res = {"ours": [], "ours_forking": [], "upstream": []}
+        for i in range(rounds):
+            for name in (("ours", "upstream") if i % 2 == 0 else ("upstream", "ours")):
+                if name in out["unavailable"]:
+                    continue
+                r = workers[name].ask({"op": "fork", "n": FORK_N, "policy": policy,
+                                       "init_mb": mb})
+                if not r.get("ok"):
+                    if name == "ours":
+                        raise RuntimeError(f"cow/fork: ours failed: {r.get('err')}")
+                    out["unavailable"][name] = (r.get("err") or "")[:200]
+                    log(f"  fork/upstream: unavailable ({out['unavailable'][name]})")
+                    continue
+                res[name].append(FORK_N / (r["ns"] / 1e9))
+                if name == "ours":
+                    res["ours_forking"].append(FORK_N / r["fork_seconds"])
+                    out["caller_anon_mib"] = r["caller_anon_kib"] / 1024
+            if lib is not None and mb == 0:
+                r = workers["ours"].ask({"op": "fork_floor", "n": FORK_N, "lib": lib})
+                if r.get("ok"):
+                    floor.append(FORK_N / (r["ns"] / 1e9))
+            log(f"  fork (init {mb} MB): {i + 1}/{rounds} rounds")
+        out[f"init_{mb}"] = {k: statistics.median(v) if v else None for k, v in res.items()}
+    out["floor"] = statistics.median(floor) if floor else None
+    return out
 
 
 def markdown(result):
@@ -181,17 +206,27 @@ def markdown(result):
         lines.append("")
     f = result["fork"]
     lines += ["### COW fork", "",
-              f"`fork({f['n']})` with a trivial `init_fn` and a `work_fn` that prints its id "
-              "(median over the rounds, clones per second):", "",
-              "| peer | clones/s, fork() to all done | clones/s, forking alone |",
-              "|---|---:|---:|"]
-    lines.append(f"| ours | {f['ours']:.0f} | {f['ours_forking']:.0f} |")
-    if f.get("upstream"):
-        lines.append(f"| upstream {UPSTREAM_VERSION} (fork() returns when its clones are done) "
-                     f"| {f['upstream']:.0f} | |")
-    else:
-        why = " ".join(f["unavailable"].get("upstream", "").split())[:80]
-        lines.append(f"| upstream {UPSTREAM_VERSION} | n/a: {why} | |")
+              f"`fork({f['n']})` with a `work_fn` that prints its id, and an `init_fn` that "
+              "builds nothing or a 200 MB model (every page written); median clones per "
+              "second over the rounds. The caller is the benchmark's worker process "
+              f"({f['caller_anon_mib']:.0f} MiB of anonymous memory: each fork copies their "
+              "page-table entries, and each clone's exit tears them down).", "",
+              "| peer | init_fn | clones/s, fork() to all done | clones/s, forking alone |",
+              "|---|---|---:|---:|"]
+    for mb in FORK_INIT_MB:
+        r = f[f"init_{mb}"]
+        what = f"{mb} MB" if mb else "nothing"
+        lines.append(f"| ours | {what} | {r['ours']:.0f} | {r['ours_forking']:.0f} |")
+        if r.get("upstream"):
+            lines.append(f"| upstream {UPSTREAM_VERSION} (fork() returns when its clones "
+                         f"are done) | {what} | {r['upstream']:.0f} | |")
+        else:
+            why = " ".join(f["unavailable"].get("upstream", "").split())[:80]
+            lines.append(f"| upstream {UPSTREAM_VERSION} | {what} | n/a: {why} | |")
+    if f.get("floor"):
+        lines += ["", f"The kernel's own floor from the same worker process (bench/"
+                  f"fork_floor.c: fork + `_exit(0)`, then reap; no sandbox, no Python in "
+                  f"the children): {f['floor']:.0f} forks/s."]
     return "\n".join(lines) + "\n"
 
 

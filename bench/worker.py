@@ -7,7 +7,8 @@ one JSON object per line on stdin, one JSON reply per line on stdout:
     {"op": "api_run", "argv": ["/bin/true"], "policy": {"fs_readable": [...]}}
     -> {"ns": 1234567, "ok": true, "err": null}
 
-Timed ops: api_run, subprocess_run, cli_run (needs "cli": the command prefix), bwrap_run;
+Timed ops: api_run, subprocess_run, cli_run (needs "cli": the command prefix), bwrap_run,
+fork (n clones, init_mb of init state) and fork_floor (raw fork + _exit, from this process);
 with "capture": true the reply also has "out", the command's stdout as text. Untimed:
 info (with "policy": also whether our connect() is supervised under it); api_popen and
 subprocess_popen start a long-lived command with stdio on /dev/null and reply
@@ -115,13 +116,33 @@ def _stop(req):
     return {"ok": True}
 
 
+_STATE = {}
+
+
+def _fork_init(mb):
+    """init_fn: `mb` MB of state, every page written (a model loaded once)."""
+    def init():
+        _STATE["model"] = bytearray(os.urandom(1 << 20) * mb) if mb else b"x"
+    return init
+
+
+def _fork_work(i):
+    print(i, _STATE["model"][i * 4096 % len(_STATE["model"])])
+
+
+def _anon_kib():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Anonymous:"))
+
+
 def _fork(req):
-    """fork(n) of a trivial init_fn/work_fn; ours also reports the init process's time to
-    fork every clone. Upstream's fork() returns once its clones are done; ours once they
-    are forked, so wait() is included."""
+    """fork(n) with init_fn building req["init_mb"] MB and a work_fn printing its id; ours
+    also reports the init process's time to fork every clone. Upstream's fork() returns
+    once its clones are done; ours once they are forked, so wait() is included."""
     from sandlock import Sandbox
     fields = dict(req["policy"])
-    sb = Sandbox(**fields, init_fn=lambda: None, work_fn=lambda i: print(i))
+    sb = Sandbox(**fields, init_fn=_fork_init(req.get("init_mb", 0)), work_fn=_fork_work)
+    anon = _anon_kib()
     t0 = time.perf_counter_ns()
     fr = sb.fork(req["n"])
     if hasattr(fr, "wait"):
@@ -129,7 +150,18 @@ def _fork(req):
     ns = time.perf_counter_ns() - t0
     ok = len(fr) == req["n"]
     return {"ns": ns, "ok": ok, "err": None if ok else f"{len(fr)} clones",
-            "fork_seconds": getattr(fr, "fork_seconds", None)}
+            "fork_seconds": getattr(fr, "fork_seconds", None), "caller_anon_kib": anon}
+
+
+def _fork_floor(req):
+    """The kernel's own rate from this process: req["lib"] (bench/fork_floor.c) forks n
+    children that _exit at once, then reaps them."""
+    import ctypes
+    lib = ctypes.CDLL(req["lib"])
+    lib.fork_floor.restype = ctypes.c_longlong
+    ns = lib.fork_floor(req["n"])
+    return {"ns": ns, "ok": ns > 0, "err": None if ns > 0 else "fork failed",
+            "caller_anon_kib": _anon_kib()}
 
 
 def handle(req):
@@ -149,6 +181,8 @@ def handle(req):
     try:
         if req["op"] == "fork":
             return _fork(req)
+        if req["op"] == "fork_floor":
+            return _fork_floor(req)
         if req["op"] in ("api_popen", "subprocess_popen"):
             return _popen(req)
         if req["op"] == "stop":
