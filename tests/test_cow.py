@@ -663,3 +663,23 @@ def test_calls_on_an_fd_of_a_private_copy_work(tree, tmp_path):
             "print(r, ctypes.get_errno() if r else 0, oct(stat.S_IMODE(os.fstat(fd).st_mode)))\n")
     r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run([PY, "-c", code])
     assert r.stdout == b"0 0 0o600\n", (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_directory_fds_and_the_cwd_follow_renamed_directories(tree, tmp_path, changed):
+    """As on a real filesystem: a directory fd or working directory taken on a workdir
+    directory keeps naming that directory after it (or a parent) is renamed, also when a
+    new directory takes the old name, and resolves nothing once it is removed. The fds are
+    taken before the layer's first change (the workdir's own directories, opened by the
+    kernel) or after it."""
+    arg = ["changed"] if changed else []
+    outside = _copy(tree, tmp_path / "outside")
+    expected = subprocess.run([PY, os.path.join(HELPERS, "dirfd_ops.py")] + arg,
+                              cwd=outside, capture_output=True, check=True).stdout
+    assert b"notes fd, after a new notes/ b'todo\\n'" in expected  # the script's premise
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store").run(
+        [PY, os.path.join(HELPERS, "dirfd_ops.py")] + arg, timeout=60)
+    assert r.success, (r.stderr.decode()[-2000:], r.denials)
+    assert r.stdout.decode() == expected.decode()
+    assert snapshot(work, mtimes=False) == snapshot(outside, mtimes=False)

@@ -69,6 +69,9 @@ class CowLayer:
         # Called once, before the first change: while there is none, the workspace is the
         # workdir itself (the supervisor's C fast path relies on that; see fastpath.py).
         self.on_first_change = None
+        # Set at the first rename or removal of a directory: until then every directory of
+        # the workdir is where its name says (lower_dir_now() has nothing to look up).
+        self.dirs_moved = False
         if create:
             os.makedirs(self.upper, mode=0o700)
             try:
@@ -184,6 +187,56 @@ class CowLayer:
         except FileNotFoundError:
             return None
         return _safe_rel(origin)
+
+    # --- directories the sandbox holds open ----------------------------------------------------
+
+    def lower_dir_now(self, rel: str) -> str:
+        """Where the workdir's directory `rel` is in the sandbox's view now. A directory fd
+        or working directory the sandbox took on an untouched directory is the workdir's
+        own (the kernel's), and the kernel names it by its old path after the sandbox
+        renamed it or a parent: such a directory follows the directory, as on a real
+        filesystem, to the upper directory standing for it (its ORIGIN is `rel`, or a
+        parent's is a prefix of `rel`). OSError(ENOENT) once it was removed."""
+        if not rel or not self.dirs_moved:
+            return rel
+        with self.lock:
+            if self._stands_for(rel, rel):
+                return rel
+            moved = self._upper_dirs_by_origin()
+            parts = rel.split("/")
+            for k in range(len(parts), 0, -1):  # the longest moved prefix
+                up = moved.get("/".join(parts[:k]))
+                if up is None:
+                    continue
+                now = "/".join([os.path.relpath(up, self.upper)] + parts[k:])
+                if self._stands_for(now, rel):
+                    return now
+                break
+            raise OSError(errno.ENOENT, "No such file or directory")
+
+    def _stands_for(self, now: str, rel: str) -> bool:
+        """Is the directory at `now` in the sandbox's view the workdir's directory `rel`?"""
+        try:
+            loc = self.resolve(now, follow_last=False)
+        except OSError:
+            return False
+        if loc.kind == LOWER:
+            return loc.real == os.path.join(self.lower, rel)
+        if loc.kind != UPPER or not os.path.isdir(loc.upper) or os.path.islink(loc.upper):
+            return False
+        return _xattr(loc.upper, ORIGIN) == rel
+
+    def _upper_dirs_by_origin(self) -> dict[str, str]:
+        """Upper directory for each workdir directory that has one (its ORIGIN xattr).
+        Only after a directory moved, and only the upper tree (what changed) is walked."""
+        out = {}
+        for top, dirs, _ in os.walk(self.upper):
+            for name in dirs:
+                path = os.path.join(top, name)
+                origin = _xattr(path, ORIGIN)
+                if origin is not None:
+                    out.setdefault(origin, path)
+        return out
 
     # --- resolution ------------------------------------------------------------------------
 

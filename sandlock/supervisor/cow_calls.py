@@ -259,6 +259,7 @@ def _remove(req, session, dirfd, path_arg, directory: bool):
             if loc.kind == LOWER or not stat.S_ISDIR(os.lstat(loc.upper).st_mode):
                 raise OSError(errno.ENOTDIR, "Not a directory")
             layer._materialize(loc.upper)  # its lower entries make it non-empty
+            layer.dirs_moved = True  # fds the sandbox holds on it no longer resolve
             os.rmdir(loc.upper)
         else:
             if stat.S_ISDIR(os.lstat(loc.upper).st_mode):
@@ -316,6 +317,8 @@ def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
         if flags & RENAME_EXCHANGE and old.kind == UPPER and stat.S_ISDIR(
                 os.lstat(old.upper).st_mode):
             layer._materialize(old.upper)
+        if any(os.path.isdir(p) and not os.path.islink(p) for p in (old.upper, new.upper)):
+            layer.dirs_moved = True  # fds the sandbox holds on them follow (lower_dir_now)
         renameat2(old.upper, new.upper, flags)
     return 0
 
@@ -413,7 +416,7 @@ def _same_in_lower(session, req, dirfd, path: bytes, follow: bool) -> str | None
     if rel is None:
         return None
     layer = session.cow
-    text = spelled(req, dirfd, path)
+    text = spelled(req, dirfd, path, layer)
     if not (text == layer.lower or text.startswith(layer.lower + "/")):
         return "it is spelled inside the workspace's storage"
     with layer.lock:

@@ -39,8 +39,10 @@ def umask_of(req: Request) -> int:
     return 0o022
 
 
-def spelled(req: Request, dirfd: int, path: bytes) -> str:
-    """The absolute path as spelled by the child (not resolved)."""
+def spelled(req: Request, dirfd: int, path: bytes, layer=None) -> str:
+    """The absolute path as spelled by the child (not resolved). With the workspace's
+    layer, a relative path's base (the directory fd or the cwd) that is an untouched
+    directory of the workdir is where that directory is now (CowLayer.lower_dir_now)."""
     text = os.fsdecode(path)
     if text.startswith("/"):
         return text
@@ -50,6 +52,10 @@ def spelled(req: Request, dirfd: int, path: bytes) -> str:
         raise Denied(errno.EBADF, str(e)) from None
     if base.endswith(" (deleted)"):
         raise OSError(errno.ENOENT, "No such file or directory")  # a removed directory
+    if layer is not None and layer.dirs_moved and (
+            base == layer.lower or base.startswith(layer.lower + "/")):
+        now = layer.lower_dir_now(base[len(layer.lower) + 1:])
+        base = layer.lower + "/" + now if now else layer.lower
     return base.rstrip("/") + "/" + text if text else base
 
 
@@ -57,7 +63,7 @@ def rel_of(session, req: Request, dirfd: int, path: bytes) -> str | None:
     """The path relative to the workdir, or None when it is spelled outside it."""
     if not path:
         return None
-    return session.cow.relative(spelled(req, dirfd, path))
+    return session.cow.relative(spelled(req, dirfd, path, session.cow))
 
 
 # --- decide on a path that left the workdir ------------------------------------------------

@@ -156,13 +156,17 @@ def _listxattr(follow):
 
 def getcwd(req, session):
     """After fchdir() to a directory fd of the workspace, the kernel's cwd is in the upper
-    tree: report it as the workdir path the sandbox knows."""
+    tree: report it as the workdir path the sandbox knows. A cwd in an untouched directory
+    that the sandbox then renamed (or renamed a parent of) is where it is now."""
     try:
         cwd = os.readlink(f"/proc/{req.pid}/cwd")
     except OSError:
         return CONTINUE
     layer = session.cow
-    if not (cwd == layer.upper or cwd.startswith(layer.upper + "/")):
+    if layer.dirs_moved and (cwd == layer.lower or cwd.startswith(layer.lower + "/")):
+        now = layer.lower_dir_now(cwd[len(layer.lower) + 1:])
+        cwd = layer.lower + "/" + now if now else layer.lower
+    elif not (cwd == layer.upper or cwd.startswith(layer.upper + "/")):
         return CONTINUE
     data = os.fsencode(layer.to_sandbox_path(cwd)) + b"\0"
     if len(data) > req.args[1]:
