@@ -416,9 +416,11 @@ def _same_in_lower(session, req, dirfd, path: bytes, follow: bool) -> str | None
     if rel is None:
         return None
     layer = session.cow
-    text = spelled(req, dirfd, path, layer)
+    text = spelled(req, dirfd, path)  # as the kernel will resolve it
     if not (text == layer.lower or text.startswith(layer.lower + "/")):
         return "it is spelled inside the workspace's storage"
+    if spelled(req, dirfd, path, layer) != text:
+        return "the directory it is relative to was renamed inside the workspace"
     with layer.lock:
         loc = layer.resolve(rel, follow_last=follow)
         if loc.kind == OUTSIDE:

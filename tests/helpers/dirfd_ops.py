@@ -3,6 +3,7 @@ the run in a workspace can be compared with the same run on a real filesystem.
 Run from the top of the tree made by tests/test_cow.py (notes/, data/, lib/)."""
 
 import os
+import subprocess
 import sys
 
 root = os.getcwd()
@@ -45,6 +46,7 @@ os.rename(f"{root}/lib", f"{root}/lib2")
 show("cwd, after lib -> lib2", lambda: open("mod.py").read())
 show("getcwd", lambda: os.path.relpath(os.getcwd(), root))
 show("create in cwd", lambda: create_at(None, "made.py"))
+show("a child in the cwd", lambda: subprocess.run(["cat", "mod.py"], capture_output=True).stdout)
 
 os.rename(f"{root}/data", f"{root}/memo/data")  # into a directory that moved itself
 show("data fd, two moves", lambda: read_at(data, "keep.csv"))
