@@ -12,6 +12,9 @@ Invariants:
   process (exit 70) before init_fn, and fork() raises with the step's name.
 - Clones inherit the confinement (Landlock, seccomp, capabilities are per task and kept
   across fork) and nothing but their own pipe, stdin (/dev/null) and stderr.
+- Everything the init process reports is untrusted (init_fn runs beside the report
+  socket): lines are parsed within bounds, only pipes' read ends are taken as outputs,
+  and the report is read while the outputs are, so the init process never blocks on it.
 - Policies that need the supervisor (host or UDP rules, HTTP rules, policy_fn, a
   copy-on-write workdir, unix socket grants) are refused: clones run without one. So are
   unix sockets (Landlock does not cover pathname-socket connects) unless
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import fcntl
 import gc
 import io
 import os
@@ -30,6 +34,7 @@ import select
 import selectors
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -40,6 +45,7 @@ from ._kernel.seccomp import load_filter
 from .errors import PolicyError, SandlockError
 
 INIT_FAILED = 70
+_GRACE = 5.0  # after a kill, how long pipes and the report get to reach EOF
 _SECBITS_SANDBOX = 0x2F  # as the exec trampoline: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS locked
 _PR_SET_SECUREBITS, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 28, 24, 47, 4
 _PR_SET_DUMPABLE = 4
@@ -73,6 +79,32 @@ class _Report:
         self.sock = sock
         self.eof = False
 
+    def record(self) -> list[tuple[bytes, int | None]]:
+        """The next record's (line, fd or None) pairs, waiting for it; [] at EOF. Only a
+        P line gets an fd, and only a pipe's read end: any other fd is closed here. The
+        caller owns every fd it is given."""
+        data, anc, _, _ = self.sock.recvmsg(self.RECORD, self.ANCILLARY,
+                                            socket.MSG_CMSG_CLOEXEC)
+        fds = []
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += array.array("i", payload[:len(payload) - len(payload) % 4])
+        if not data and not fds:
+            self.eof = True
+            return []
+        out = []
+        try:
+            for line in data.split(b"\n")[:-1]:  # a record holds whole lines
+                fd = fds.pop(0) if line.startswith(b"P ") and fds else None
+                if fd is not None and not _pipe_read_end(fd):
+                    os.close(fd)  # wait() relies on EOF once the group is killed
+                    fd = None
+                out.append((line, fd))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return out or [(b"", None)]
+
     def lines(self, deadline: float | None):
         """(line, fd or None) until EOF; yields (None, None) when the deadline passes.
         The consumer owns every fd it is given."""
@@ -85,31 +117,35 @@ class _Report:
                 return
             if not poller.poll(None if left is None else max(1, int(left * 1000))):
                 continue
-            data, anc, _, _ = self.sock.recvmsg(self.RECORD, self.ANCILLARY)
-            fds = []
-            for level, kind, payload in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds += array.array("i", payload[:len(payload) - len(payload) % 4])
-            if not data and not fds:
-                self.eof = True
-                return
+            pending = self.record()
             try:
-                for line in data.split(b"\n")[:-1]:  # a record holds whole lines
-                    fd = fds.pop(0) if line.startswith(b"P ") and fds else None
-                    yield line, fd
+                while pending:
+                    yield pending.pop(0)
             finally:
-                for fd in fds:
-                    os.close(fd)
+                for _, fd in pending:
+                    if fd is not None:
+                        os.close(fd)
 
     def close(self):
         self.sock.close()
 
 
 def _ints(parts, count):
+    """`count` integers after the tag, each within int64 (the init process's lines are
+    untrusted: init_fn runs beside the report socket); None otherwise."""
     try:
-        return [int(x) for x in parts[1:1 + count]] if len(parts) == count + 1 else None
+        vals = [int(x) for x in parts[1:1 + count]] if len(parts) == count + 1 else None
     except ValueError:
         return None
+    return vals if vals is not None and all(-2**63 <= v < 2**63 for v in vals) else None
+
+
+def _pipe_read_end(fd: int) -> bool:
+    try:
+        return (stat.S_ISFIFO(os.fstat(fd).st_mode)
+                and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY)
+    except OSError:
+        return False
 
 
 class ForkResult:
@@ -156,44 +192,69 @@ class ForkResult:
         if self._err_fd >= 0:
             fds[self._err_fd] = None
         bufs = {fd: bytearray() for fd in fds}
+        by_pid = {c.pid: c for c in self.clones}
         sel = selectors.DefaultSelector()
         for fd in fds:
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ)
+        # The report is read meanwhile: its exit lines would otherwise fill the socket,
+        # and the init process (so the shared stderr) would never end.
+        report = self._report.sock.fileno()
+        sel.register(report, selectors.EVENT_READ)
+        killed_at = None
         try:
             while bufs:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
+                    if killed_at is not None:  # EOF did not come: stop reading
+                        for fd in list(bufs):
+                            self._take(fds, fd, bufs.pop(fd))
+                        break
                     self.kill()
-                    deadline = None  # killed: the pipes reach EOF now
+                    killed_at = time.monotonic()
+                    deadline = killed_at + _GRACE  # killed: the pipes reach EOF now
+                    continue
                 for key, _ in sel.select(left):
+                    if key.fd == report:
+                        for line, fd in self._report.record():
+                            if fd is not None:  # no P line is expected any more
+                                os.close(fd)
+                            self._exit_line(line, by_pid)
+                        if self._report.eof:
+                            sel.unregister(report)
+                        continue
                     chunk = os.read(key.fd, 65536)
                     if chunk:
                         bufs[key.fd] += chunk
                         continue
                     sel.unregister(key.fd)
-                    data = bytes(bufs.pop(key.fd))
-                    os.close(key.fd)
-                    c = fds[key.fd]
-                    if c is None:
-                        self.stderr, self._err_fd = data, -1
-                    else:
-                        c.stdout, c.fd = data, -1
+                    self._take(fds, key.fd, bufs.pop(key.fd))
         finally:
             sel.close()
         self._collect(None if self._killed else deadline)
         return self
 
+    def _take(self, fds, fd, data) -> None:
+        """A clone's (or the shared stderr's) output is complete: keep it, close the fd."""
+        os.close(fd)
+        c = fds[fd]
+        if c is None:
+            self.stderr, self._err_fd = bytes(data), -1
+        else:
+            c.stdout, c.fd = bytes(data), -1
+
     def _collect(self, deadline: float | None) -> None:
         """Exit codes from the report until the init process ends (killing everything at
         the deadline); then whatever is left in the group is killed, as run() does."""
         by_pid = {c.pid: c for c in self.clones}
+        if deadline is None and self._killed:
+            deadline = time.monotonic() + _GRACE  # dead: the report ends at once
         for line, fd in self._report.lines(deadline):
             if fd is not None:  # no P line is expected any more
                 os.close(fd)
             if line is None:  # the deadline: kill, then read what is left until EOF
                 self.kill()
-                for line2, fd2 in self._report.lines(time.monotonic() + 5):
+                for line2, fd2 in self._report.lines(time.monotonic() + _GRACE):
                     if fd2 is not None:
                         os.close(fd2)
                     self._exit_line(line2, by_pid)
@@ -218,7 +279,10 @@ class ForkResult:
             vals = _ints(parts, 2)
             c = by_pid.get(vals[0]) if vals else None
             if c is not None and c.exit_code is None:
-                c.exit_code = os.waitstatus_to_exitcode(vals[1]) if vals[1] >= 0 else None
+                try:
+                    c.exit_code = os.waitstatus_to_exitcode(vals[1])
+                except ValueError:  # not a status the kernel reports
+                    c.exit_code = None
 
     def close(self) -> None:
         """Kill what still runs and release every pipe."""
@@ -290,8 +354,25 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
     init_sock.close()
     os.close(err_w)
     report = _Report(report_sock)
-    deadline = None if timeout is None else time.monotonic() + timeout
     outs: dict[int, tuple[int, int]] = {}  # clone id: (pid, stdout read end)
+    try:
+        fork_ns, failure = _forked(report, n, timeout, outs)
+    except BaseException:  # the caller's own failure (KeyboardInterrupt...): end them all
+        ForkResult(pid, [Clone(i, *outs.get(i, (-1, -1))) for i in range(n)], report,
+                   err_r, 0.0).close()
+        raise
+    clones = [Clone(i, *outs.get(i, (-1, -1))) for i in range(n)]
+    result = ForkResult(pid, clones, report, err_r, (fork_ns or 0) / 1e9)
+    if failure is not None:
+        result.close()
+        raise SandlockError(f"fork({n}): {failure}")
+    return result
+
+
+def _forked(report: _Report, n: int, timeout: float | None, outs: dict):
+    """Read the init process's report until every clone is forked: (ns spent, None), or
+    (None, why not). Fills `outs` with each clone's pid and stdout read end."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     fork_ns, failure = None, None
     for line, fd in report.lines(deadline):
         parts = (line or b"").split()
@@ -307,7 +388,7 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
                 continue
         elif parts[:1] == [b"F"]:
             vals = _ints(parts, 1)
-            fork_ns = vals[0] if vals else 0
+            fork_ns = vals[0] if vals and vals[0] >= 0 else 0
         elif parts[:1] == [b"E"]:
             failure = line.decode(errors="replace")[2:].strip()
         if fd is not None:
@@ -316,12 +397,7 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
             break
     if failure is None and (fork_ns is None or len(outs) != n):
         failure = "the init process ended early"
-    clones = [Clone(i, *outs.get(i, (-1, -1))) for i in range(n)]
-    result = ForkResult(pid, clones, report, err_r, (fork_ns or 0) / 1e9)
-    if failure is not None:
-        result.close()
-        raise SandlockError(f"fork({n}): {failure}")
-    return result
+    return fork_ns, failure
 
 
 def _ensure_nofile(need: int) -> None:
@@ -335,9 +411,10 @@ def _ensure_nofile(need: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
-def _confine_self(conf, bpf: bytes) -> str | None:
-    """Apply the sandbox's confinement to this (single-threaded) process, as the exec
-    trampoline does for run(). Returns the failing step, or None."""
+def _drop_privileges(conf) -> str | None:
+    """The first half of the sandbox's confinement of this (single-threaded) process, as
+    the exec trampoline does for run(): its own group, limits, capabilities, not dumpable,
+    NO_NEW_PRIVS. Returns the failing step, or None."""
     try:
         os.setpgid(0, 0)  # the clones' group: ForkResult.kill() ends them all
     except OSError:
@@ -360,6 +437,11 @@ def _confine_self(conf, bpf: bytes) -> str | None:
         return "dumpable"
     if caps.prctl_errno(caps.PR_SET_NO_NEW_PRIVS, 1) < 0:
         return "no_new_privs"
+    return None
+
+
+def _restrict(conf, bpf: bytes) -> str | None:
+    """The second half: Landlock and the seccomp deny list. Returns the failing step."""
     if conf.ruleset is not None and conf.ruleset.restrict_self_errno() < 0:
         return "landlock"
     if load_filter(bpf) < 0:
@@ -380,17 +462,32 @@ def _unmap_shared_writable() -> None:
             libc.munmap(lo, hi - lo)
 
 
-def _open_maps(fd: int) -> int:
-    """/proc/self/maps at `fd`, opened before Landlock may forbid it (it only lists this
-    process's own mappings); -1 without /proc. Closed before any clone is forked."""
+def _open_own_memory(at: int) -> tuple[int, int] | None:
+    """/proc/self/maps and /proc/self/pagemap at fds `at` and `at + 1` (for hugepages),
+    opened before Landlock may forbid them and after the capabilities are gone (pagemap
+    then shows no physical frame numbers). They describe only this process, which init_fn
+    could learn anyway; both are closed before any clone is forked. None without /proc:
+    both fds are closed then."""
+    placed = 0
     try:
-        opened = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+        for k, name in enumerate(("maps", "pagemap")):  # one at a time: the second open
+            fd = os.open(f"/proc/self/{name}", os.O_RDONLY | os.O_CLOEXEC)  # never lands
+            if fd != at + k:                                                # on the first
+                try:
+                    os.dup2(fd, at + k, inheritable=False)  # EBADF above a low max_open_files
+                finally:
+                    os.close(fd)
+            placed += 1
     except OSError:
-        return -1
-    if opened != fd:
-        os.dup2(opened, fd, inheritable=False)
-        os.close(opened)
-    return fd
+        pass
+    if placed == 2:
+        return at, at + 1
+    for k in range(2):  # whatever else held these numbers is not the init process's
+        try:
+            os.close(at + k)
+        except OSError:
+            pass
+    return None
 
 
 def _apply_process_fields(policy) -> None:
@@ -410,6 +507,7 @@ def _apply_process_fields(policy) -> None:
 
 def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
     code = INIT_FAILED
+    forking = False
     report = base  # the report socket: with 0, 1 and 2, all the init process keeps open
     try:
         os.dup2(sock, report, inheritable=False)
@@ -421,18 +519,31 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         except OSError:
             os.dup2(null, 1)
         _unmap_shared_writable()
-        maps = _open_maps(report + 1)
         _apply_process_fields(policy)
-        failed = _confine_self(conf, bpf)
+        own_memory = None
+        failed = _drop_privileges(conf)
+        if failed is None:
+            own_memory = _open_own_memory(report + 1)
+            failed = _restrict(conf, bpf)
         if failed is not None:
             os.write(report, f"E confinement failed at {failed}\n".encode())
             os._exit(INIT_FAILED)
         os.closerange(3, report)  # nothing else of the caller's stays open, even an fd
-        os.closerange(report + 2, _MAX_FD)  # another thread opened during the fork
+        os.closerange(report + 3, _MAX_FD)  # another thread opened during the fork
+        # init_fn prints to fds 1 and 2 (the caller's sys.stdout may wrap an fd closed above)
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
-        before = hugepages.mapped_before(maps) if maps >= 0 else set()
         if init_fn is not None:
             init_fn()
+        for stream in (sys.stdout, sys.stderr):  # init_fn's output: os._exit flushes nothing
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+        try:
+            os.fstat(1)
+        except OSError:  # init_fn closed it: keep the number taken (no clone's pipe gets 1)
+            os.dup2(2, 1)
         # What a clone needs is built here, once: every page a clone writes before
         # work_fn is a copy-on-write fault. fd 1 is each clone's own pipe by then.
         stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=False)
@@ -443,10 +554,12 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         gc.collect()
         gc.freeze()
         _trim_heap()
-        if maps >= 0:  # what init_fn built: one page-table entry per 2 MiB, not per 4 KiB
-            hugepages.collapse_new(maps, before)
-            os.close(maps)
+        if own_memory is not None:  # what init_fn built: one page-table entry per huge page
+            hugepages.collapse_own(*own_memory)
+            for fd in own_memory:
+                os.close(fd)
         t0 = time.perf_counter_ns()
+        forking = True
         i, pids = _fork_all(n, lib, report)
         if i >= 0:
             _clone_main(i, work_fn, stdout)
@@ -461,12 +574,17 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         except BaseException:
             pass
     finally:
+        if code != 0 and forking:  # a fork or the report failed (the caller may be gone):
+            try:                   # no clone outlives the init process then
+                os.killpg(0, signal.SIGKILL)
+            except BaseException:
+                pass
         os._exit(code)
 
 
 FORKLOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libexec",
                         "libsandlock-fork.so")
-FORKLOOP_VERSION = 2  # sandlock_forkloop_version() of the forkloop.c this module speaks to
+FORKLOOP_VERSION = 4  # sandlock_forkloop_version() of the forkloop.c this module speaks to
 
 _loaded: list = []
 
@@ -481,6 +599,9 @@ def _forkloop():
                 lib = ctypes.CDLL(FORKLOOP, use_errno=True)
                 if lib.sandlock_forkloop_version() != FORKLOOP_VERSION:
                     raise AttributeError
+                # The forks run holding the GIL, as os.fork() does: no other thread of the
+                # init process runs Python meanwhile, and each clone's GIL is its own.
+                lib.fork_clones = ctypes.PyDLL(FORKLOOP, use_errno=True).sandlock_fork_clones
             except (OSError, AttributeError):
                 lib = None
                 import warnings
@@ -501,41 +622,67 @@ def _trim_heap() -> None:
 def _fork_all(n: int, lib, report: int) -> tuple[int, list[int]]:
     """Fork n clones, each with its stdout on a fresh pipe whose read end goes to the
     caller over `report`: (clone index, []) in a clone, (-1, pids) in the init process.
-    The forks bypass Python's at-fork machinery: safe here, as the init process never
-    starts a thread and a clone only runs work_fn and exits. With the C loop (make
-    helper) nothing runs between two forks; without it, a Python loop does the same,
-    slower (one record per clone)."""
+    With the C loop (make helper) nothing runs between two forks; without it, a Python
+    loop does the same, slower (one record per clone)."""
     pids = (ctypes.c_int * n)()
     forked = ctypes.c_int(0)
+    # Python's own fork protocol (what os.fork() does around one fork: locks taken before
+    # and remade in the child, the at-fork hooks, other threads' states dropped) is needed
+    # only if init_fn left threads behind: one of them could hold a lock a clone needs. It
+    # costs 160 copy-on-write faults per clone. A single-threaded init process (the usual
+    # case) skips it; its clones only reseed `random`, the one hook with visible state.
+    protocol = len(sys._current_frames()) > 1
     if lib is not None:
-        i = lib.sandlock_fork_clones(n, report, pids, ctypes.byref(forked))
-        if i >= 0:
-            return i, []
+        after_child = None
+        if protocol:
+            after_child = ctypes.cast(ctypes.pythonapi.PyOS_AfterFork_Child, ctypes.c_void_p)
+            ctypes.pythonapi.PyOS_BeforeFork()
+        i = -2
+        try:
+            i = lib.fork_clones(n, report, pids, ctypes.byref(forked), after_child)
+        finally:
+            if protocol and i < 0:  # the init process (each clone ran after_child in C)
+                ctypes.pythonapi.PyOS_AfterFork_Parent()
     else:
-        i = _fork_all_python(n, report, pids, forked)
-        if i >= 0:
-            return i, []
-    if forked.value != n:
-        raise OSError(ctypes.get_errno(), f"fork failed after {forked.value} clones")
+        i = _fork_all_python(n, report, pids, forked, protocol)
+    if i >= 0:  # a clone: never back into the init process's error paths
+        if not protocol and "random" in sys.modules:
+            try:
+                sys.modules["random"].seed()
+            except BaseException:
+                os._exit(71)
+        return i, []
+    if i != -1:
+        raise OSError(ctypes.get_errno(), f"forking or reporting failed after "
+                                          f"{forked.value} of {n} clones")
     return -1, list(pids)
 
 
-def _fork_all_python(n, report, pids, forked) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
+def _fork_all_python(n, report, pids, forked, protocol) -> int:
+    """The loop without the C library: with Python's fork protocol (threads left by
+    init_fn) each fork is os.fork(), which runs it; without, a bare fork holding the GIL."""
+    bare = ctypes.PyDLL(None, use_errno=True).fork
     sock = socket.socket(fileno=os.dup(report))
     try:
         for k in range(n):
             r, w = os.pipe2(os.O_CLOEXEC)
-            pid = libc.fork()
+            try:
+                pid = os.fork() if protocol else bare()
+            except OSError:
+                pid = -1
             if pid == 0:
-                os.dup2(w, 1)
-                for fd in (r, w, report, sock.detach()):
-                    os.close(fd)
+                try:
+                    if w != 1:  # fd 1 is normally taken, so neither end is 1
+                        os.dup2(w, 1)
+                    for fd in {r, w, report, sock.detach()} - {1}:
+                        os.close(fd)
+                except BaseException:
+                    os._exit(71)
                 return k
             os.close(w)
             try:
                 if pid < 0:
-                    return -1
+                    return -2
                 pids[k] = pid
                 forked.value = k + 1
                 sock.sendmsg([b"P %d %d\n" % (k, pid)],
@@ -634,8 +781,16 @@ def reduce(reducer, cmd, clones: ForkResult, timeout: float | None = None):
         os.close(clones._err_fd)
         clones._err_fd = -1
         clones.stderr = b"".join(chunks)
+
+    def drain_report():  # exit lines would otherwise fill the socket (see wait())
+        by_pid = {c.pid: c for c in clones}
+        while not clones._report.eof:
+            for line, fd in clones._report.record():
+                if fd is not None:
+                    os.close(fd)
+                clones._exit_line(line, by_pid)
     threads = [threading.Thread(target=f, name="sandlock-reduce", daemon=True)
-               for f in (pump, drain_stderr)]
+               for f in (pump, drain_stderr, drain_report)]
     for t in threads:
         t.start()
     with proc:
@@ -645,6 +800,9 @@ def reduce(reducer, cmd, clones: ForkResult, timeout: float | None = None):
     if any(t.is_alive() for t in threads):
         clones.kill()  # a clone still holds its pipe past the deadline
         for t in threads:
-            t.join()
+            t.join(_GRACE)
+        if any(t.is_alive() for t in threads):
+            raise SandlockError("reduce(): the clones' pipes did not close after they were "
+                                "killed (a process outside their group holds one)")
     clones._collect(None if deadline is None else max(deadline, time.monotonic()))
     return result

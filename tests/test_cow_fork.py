@@ -333,11 +333,13 @@ def _forging_init():
     if STATE.get("claim"):
         r, w = os.pipe()
         os.write(w, b"forged\n")
+        # a write end would never reach EOF in the caller's hands: it is refused too
+        end = w if STATE["claim"] == "write end" else r
         sock.sendmsg([b"P 1 %d\n" % os.getpid()],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [end]))])
 
 
-@pytest.mark.parametrize("claim", [False, True])
+@pytest.mark.parametrize("claim", [False, "read end", "write end"])
 def test_what_init_fn_sends_on_the_report_is_contained(claim):
     """Unclaimed fds are closed at once and junk lines ignored: the clones' outputs are
     intact. A P line that init_fn sends before the real one makes the real one a
@@ -376,9 +378,15 @@ BIG = {}
 
 
 def _big_init():
+    import mmap
     BIG["model"] = bytearray(48 << 20)
     for k in range(0, len(BIG["model"]), 4096):  # every page written: init_fn's own
         BIG["model"][k] = k // 4096 % 251
+    sparse = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE)
+    total = sum(sparse[k] for k in range(0, len(sparse), 4096))  # read: the zero page
+    for k in range(0, len(sparse), 2 << 20):
+        sparse[k] = 1  # one real page per 2 MiB: collapsing would make the rest real
+    BIG["sparse"] = (sparse, total)
 
 
 def _big_work(i):
@@ -397,8 +405,9 @@ def _big_work(i):
 @pytest.mark.skipif(not _thp_available(), reason="transparent huge pages are off here")
 def test_what_init_fn_built_is_forked_as_huge_pages_and_stays_copy_on_write():
     """init_fn's 48 MB are collapsed into huge pages before the forks (one page-table
-    entry per 2 MiB); the caller's own 64 MB, still shared with it, are not. A clone's
-    write stays its own."""
+    entry per 2 MiB); the caller's own 64 MB, still shared with it, are not, and neither
+    are 64 MB init_fn only read (the shared zero page) but for one byte per 2 MiB:
+    collapsing never makes memory real. A clone's write stays its own."""
     caller = bytearray(64 << 20)
     for k in range(0, len(caller), 4096):
         caller[k] = 1
@@ -409,3 +418,109 @@ def test_what_init_fn_built_is_forked_as_huge_pages_and_stays_copy_on_write():
     huge_mb = [int(o[0]) for o in outs]
     assert all(40 <= mb <= 50 for mb in huge_mb), huge_mb  # init_fn's, not the caller's
     assert caller[4096] == 1 and len(caller) == 64 << 20
+
+
+def _random_and_threads(i):
+    import random
+    import threading
+    print(random.random(), len(threading.enumerate()))
+
+
+def _threaded_init():
+    """init_fn leaves a thread running, holding a lock most of the time; clones are then
+    forked under Python's own fork protocol."""
+    import threading
+
+    def busy():
+        lock = threading.Lock()
+        while True:
+            with lock:
+                sum(range(1000))
+    threading.Thread(target=busy, daemon=True).start()
+
+
+@pytest.mark.parametrize("loop", ["C", "Python"])
+@pytest.mark.parametrize("threaded", [False, True])
+def test_clones_draw_their_own_random_numbers_and_see_one_thread(threaded, loop,
+                                                                 monkeypatch):
+    """A thread init_fn leaves running (here: busy, asking for the GIL) switches to
+    Python's own fork protocol, run in each clone before its first bytecode."""
+    import sandlock.clones as clones_mod
+    if loop == "Python":
+        monkeypatch.setattr(clones_mod, "_loaded", [None])
+    clones = mapper(init_fn=_threaded_init if threaded else None,
+                    work_fn=_random_and_threads).fork(40, timeout=60).wait(timeout=60)
+    assert all(c.exit_code == 0 for c in clones), clones.stderr
+    values = [c.stdout.split() for c in clones]
+    assert len({v[0] for v in values}) == 40  # reseeded in each clone, as after os.fork()
+    assert {v[1] for v in values} == {b"1"}  # init_fn's thread did not come along
+
+
+def test_init_fn_output_is_not_lost(capfd):
+    mapper(init_fn=lambda: print("model loaded"), work_fn=lambda i: None).fork(
+        2, timeout=30).wait(timeout=30)
+    assert "model loaded" in capfd.readouterr().out  # buffered, flushed before the forks
+
+
+def _late(i):
+    import time
+    time.sleep(0.003 * i)  # exits spread out: one exit record after another
+    print(i)
+
+
+def test_many_spread_out_exits_do_not_stall_wait_or_reduce():
+    """Every exit is reported on the socket; wait() and reduce() read it meanwhile, so the
+    init process never blocks on a full socket (and the shared stderr ends)."""
+    import time
+    t0 = time.monotonic()
+    clones = mapper(init_fn=None, work_fn=_late).fork(600, timeout=60).wait(timeout=30)
+    assert time.monotonic() - t0 < 25
+    assert [c.exit_code for c in clones] == [0] * 600
+    assert [c.stdout for c in clones] == [b"%d\n" % i for i in range(600)]
+    clones = mapper(init_fn=None, work_fn=_late).fork(600, timeout=60)
+    r = reducer().reduce(SUM, clones, timeout=60)
+    assert int(r.stdout) == sum(range(600)) and [c.exit_code for c in clones] == [0] * 600
+
+
+def test_the_callers_read_ends_are_not_inherited_by_its_children():
+    clones = mapper().fork(5, timeout=30)
+    try:
+        assert [os.get_inheritable(c.fd) for c in clones] == [False] * 5
+    finally:
+        clones.wait(timeout=30)
+
+
+def test_a_low_open_file_limit_still_forks_every_clone():
+    clones = mapper(max_open_files=20).fork(100, timeout=60).wait(timeout=60)
+    assert [c.exit_code for c in clones] == [0] * 100
+    assert [int(c.stdout) for c in clones] == [i * i for i in range(100)]
+
+
+def _forger_thread_init():
+    """A thread init_fn leaves behind sends exit lines with impossible statuses for the
+    pids the clones will likely get."""
+    import socket
+    import threading
+    import time
+    sock = None
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+    me = os.getpid()
+
+    def forge():
+        time.sleep(0.2)
+        sock.send(b"".join(b"X %d 127\n" % p for p in range(me + 1, me + 40)) +
+                  b"F 1" + b"9" * 400 + b"\n")
+    threading.Thread(target=forge, daemon=True).start()
+
+
+def test_forged_exit_and_timing_lines_do_not_break_wait():
+    import time
+    clones = mapper(init_fn=_forger_thread_init, work_fn=lambda i: (time.sleep(0.5), print(i)),
+                    fs_readable=["/proc"]).fork(4, timeout=30).wait(timeout=30)
+    assert [c.stdout for c in clones] == [b"0\n", b"1\n", b"2\n", b"3\n"]
+    assert [c.exit_code for c in clones] == [0, 0, 0, 0]

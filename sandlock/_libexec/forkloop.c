@@ -28,7 +28,7 @@
 #define BATCH 32          /* read ends per record (SCM_MAX_FD is 253) */
 #define LINE 48           /* "P %d %d\n" / "X %d %d\n" fit with room to spare */
 
-int sandlock_forkloop_version(void) { return 2; }
+int sandlock_forkloop_version(void) { return 4; }
 
 static int send_all(int sock, const char *buf, size_t len, const int *fds, int nfds) {
     union {
@@ -68,11 +68,14 @@ static int flush(int sock, char *buf, size_t *len, int *fds, int *nfds) {
     return rc;
 }
 
-/* sandlock_fork_clones(n, sock, pids, forked): forks n clones. In clone i it returns i,
- * with fd 1 its pipe's write end and nothing else of the loop's open. In the init process
- * it returns -1 with pids[i] set and *forked = how many clones exist (errno set if fewer
- * than n: the pipe, the fork or the report failed). */
-int sandlock_fork_clones(int n, int sock, int *pids, int *forked) {
+/* sandlock_fork_clones(n, sock, pids, forked, after_child): forks n clones. In clone i it
+ * returns i, with fd 1 its pipe's write end and nothing else of the loop's open, after
+ * calling after_child if it is not NULL (Python's PyOS_AfterFork_Child: it must run before
+ * the clone's first bytecode, as in os.fork(), or a GIL request left by another thread of
+ * the init process would stall the clone). In the init process it returns -1 once every
+ * clone is forked and reported, with pids[i] set; or -2 with errno set (a pipe, a fork or
+ * the report failed) and *forked = how many clones exist. */
+int sandlock_fork_clones(int n, int sock, int *pids, int *forked, void (*after_child)(void)) {
     char buf[BATCH * LINE];
     int pending[BATCH];
     size_t len = 0;
@@ -80,18 +83,30 @@ int sandlock_fork_clones(int n, int sock, int *pids, int *forked) {
     *forked = 0;
     for (int i = 0; i < n; i++) {
         int p[2];
-        if (pipe2(p, O_CLOEXEC) < 0)
-            goto failed;
+        if (pipe2(p, O_CLOEXEC) < 0) {
+            /* Out of fds (a low max_open_files): hand the pending read ends over first. */
+            if (errno != EMFILE || npending == 0)
+                goto failed;
+            if (flush(sock, buf, &len, pending, &npending) < 0)
+                return -2;
+            if (pipe2(p, O_CLOEXEC) < 0)
+                goto failed;
+        }
         pid_t pid = fork();
         if (pid == 0) {
-            /* The clone: its stdout is its pipe; nothing of the loop stays open. */
-            if (dup2(p[1], 1) < 0)
+            /* The clone: its stdout is its pipe; nothing of the loop stays open. fd 1 is
+             * normally taken (the init process keeps it open), so neither end is 1. */
+            if (p[1] != 1 && dup2(p[1], 1) < 0)
                 _exit(71);
-            close(p[0]);
-            close(p[1]);
+            if (p[0] != 1)
+                close(p[0]);
+            if (p[1] != 1)
+                close(p[1]);
             close(sock);
             for (int k = 0; k < npending; k++)
                 close(pending[k]);
+            if (after_child)
+                after_child();
             return i;
         }
         int saved = errno;
@@ -106,16 +121,16 @@ int sandlock_fork_clones(int n, int sock, int *pids, int *forked) {
         pending[npending++] = p[0];
         len += (size_t)snprintf(buf + len, LINE, "P %d %d\n", i, (int)pid);
         if (npending == BATCH && flush(sock, buf, &len, pending, &npending) < 0)
-            return -1;
+            return -2;
     }
     if (flush(sock, buf, &len, pending, &npending) < 0)
-        return -1;
+        return -2;
     return -1;
 failed: {
         int saved = errno;
         flush(sock, buf, &len, pending, &npending);
         errno = saved;
-        return -1;
+        return -2;
     }
 }
 
