@@ -413,8 +413,8 @@ def _ensure_nofile(need: int) -> None:
 
 def _drop_privileges(conf) -> str | None:
     """The first half of the sandbox's confinement of this (single-threaded) process, as
-    the exec trampoline does for run(): its own group, limits, capabilities, not dumpable,
-    NO_NEW_PRIVS. Returns the failing step, or None."""
+    the exec trampoline does for run(): its own group, limits, capabilities. Returns the
+    failing step, or None."""
     try:
         os.setpgid(0, 0)  # the clones' group: ForkResult.kill() ends them all
     except OSError:
@@ -431,17 +431,18 @@ def _drop_privileges(conf) -> str | None:
             return "capset"
     if caps.prctl_errno(_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL) < 0:
         return "ambient capabilities"
+    return None
+
+
+def _restrict(conf, bpf: bytes) -> str | None:
+    """The second half: not dumpable, NO_NEW_PRIVS, Landlock, the seccomp deny list.
+    Returns the failing step, or None."""
     # Not dumpable: no clone (same uid, same Landlock domain) may open another's or the init
     # process's /proc/PID/fd entries (their pipes) or /proc/PID/mem.
     if caps.prctl_errno(_PR_SET_DUMPABLE, 0) < 0:
         return "dumpable"
     if caps.prctl_errno(caps.PR_SET_NO_NEW_PRIVS, 1) < 0:
         return "no_new_privs"
-    return None
-
-
-def _restrict(conf, bpf: bytes) -> str | None:
-    """The second half: Landlock and the seccomp deny list. Returns the failing step."""
     if conf.ruleset is not None and conf.ruleset.restrict_self_errno() < 0:
         return "landlock"
     if load_filter(bpf) < 0:
@@ -464,8 +465,9 @@ def _unmap_shared_writable() -> None:
 
 def _open_own_memory(at: int) -> tuple[int, int] | None:
     """/proc/self/maps and /proc/self/pagemap at fds `at` and `at + 1` (for hugepages),
-    opened before Landlock may forbid them and after the capabilities are gone (pagemap
-    then shows no physical frame numbers). They describe only this process, which init_fn
+    opened after the capabilities are gone (pagemap then shows no physical frame numbers)
+    and before the process is made not dumpable (its /proc files then belong to root) or
+    Landlock may forbid them. They describe only this process, which init_fn
     could learn anyway; both are closed before any clone is forked. None without /proc:
     both fds are closed then."""
     placed = 0
