@@ -286,8 +286,12 @@ def flip():
         ctypes.memmove(buf, a + b"\0", len(a) + 1)
         ctypes.memmove(buf, b + b"\0", len(b) + 1)
 t = threading.Thread(target=flip); t.start()
+import time
 seen = {"hello": 0, "secret": 0, "fail": 0}
-for _ in range(400):
+end = time.monotonic() + 20  # until both paths were tried often (scheduling varies)
+for k in range(100000):
+    if k >= 400 and min(seen["hello"], seen["fail"]) >= 20 or time.monotonic() > end:
+        break
     fd = libc.open(buf, os.O_RDONLY)
     if fd < 0:
         seen["fail"] += 1; continue
