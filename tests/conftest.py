@@ -29,6 +29,17 @@ def run_py(sb: Sandbox, code: str, *args: str, timeout: float = 30):
     return sb.run([PY, "-c", code, *args], timeout=timeout)
 
 
+def open_fds() -> dict[str, str]:
+    """This process's open fds and what each names (to compare by identity, not count)."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _close_dns_servers():
     """Test DNS servers end with their test (their sockets and threads)."""

@@ -8,7 +8,7 @@ import pytest
 
 from sandlock import PolicyError, Sandbox, system_devices, system_readable
 
-from conftest import PY
+from conftest import PY, open_fds
 
 STATE = {}
 
@@ -272,16 +272,6 @@ def test_clones_get_no_unix_socket_and_no_unbound_listen(tmp_path):
     srv.close()
 
 
-def _fds_of_this_process() -> dict[str, str]:
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return out
-
-
 def _own_fds(i):
     """A clone prints its open fds (but the one listing them) and its stdout's pipe."""
     fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
@@ -345,7 +335,7 @@ def test_what_init_fn_sends_on_the_report_is_contained(claim):
     intact. A P line that init_fn sends before the real one makes the real one a
     duplicate: fork() fails (nothing is reported as a clone's output) and leaves neither
     an fd nor a process behind."""
-    before = _fds_of_this_process()
+    before = open_fds()
     STATE["claim"] = claim
     try:
         sb = mapper(init_fn=_forging_init, work_fn=lambda i: print(f"clone {i}"),
@@ -362,7 +352,7 @@ def test_what_init_fn_sends_on_the_report_is_contained(claim):
     del sb  # its own Landlock ruleset and BPF memfd
     import gc
     gc.collect()
-    after = _fds_of_this_process()
+    after = open_fds()
     assert {fd: t for fd, t in after.items() if before.get(fd) != t} == {}
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from sandlock import ExitReason, Sandbox, StdioMode
-from conftest import PY, run_py, sandbox
+from conftest import PY, open_fds, run_py, sandbox
 
 
 def pid_alive(pid: int) -> bool:
@@ -154,16 +154,6 @@ def test_fifty_concurrent_sandboxes_from_threads():
         assert r.success and r.stdout == f"{i}\n".encode(), (i, r)
 
 
-def _open_fds() -> dict[str, str]:
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return out
-
-
 def _fds_added_since(before: dict[str, str], settle: float = 5.0) -> dict[str, str]:
     """fds open now that were not open (as the same object) in `before`; fds of earlier
     tests that close meanwhile do not count. Listeners close when the kernel reports HUP,
@@ -171,7 +161,7 @@ def _fds_added_since(before: dict[str, str], settle: float = 5.0) -> dict[str, s
     deadline = time.monotonic() + settle
     while True:
         gc.collect()
-        added = {fd: t for fd, t in _open_fds().items() if before.get(fd) != t}
+        added = {fd: t for fd, t in open_fds().items() if before.get(fd) != t}
         if not added or time.monotonic() > deadline:
             return added
         time.sleep(0.05)
@@ -181,7 +171,7 @@ def test_no_fd_leak_after_200_runs():
     sb = sandbox()
     sb.run(["true"])  # builds the kernel objects once
     time.sleep(0.2)
-    before = _open_fds()
+    before = open_fds()
     for _ in range(200):
         assert sb.run(["true"]).success
     assert _fds_added_since(before) == {}
@@ -190,7 +180,7 @@ def test_no_fd_leak_after_200_runs():
 def test_sandboxes_release_their_kernel_objects(tmp_path):
     """Each Sandbox builds a Landlock ruleset and a sealed BPF memfd (and opens its audit
     log); dropping the Sandbox, or changing a field, which rebuilds them, must close them."""
-    before = _open_fds()
+    before = open_fds()
     for i in range(30):
         sb = sandbox(audit_log=str(tmp_path / f"audit{i % 2}.jsonl"),
                      net_allow=["127.0.0.1:9"]) if i % 2 else sandbox()
