@@ -223,7 +223,10 @@ class ForkResult:
                         if self._report.eof:
                             sel.unregister(report)
                         continue
-                    chunk = os.read(key.fd, 65536)
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except BlockingIOError:  # init_fn sent one pipe twice: read by the other
+                        continue
                     if chunk:
                         bufs[key.fd] += chunk
                         continue
@@ -281,7 +284,7 @@ class ForkResult:
             if c is not None and c.exit_code is None:
                 try:
                     c.exit_code = os.waitstatus_to_exitcode(vals[1])
-                except ValueError:  # not a status the kernel reports
+                except (ValueError, OverflowError):  # not a status the kernel reports
                     c.exit_code = None
 
     def close(self) -> None:
@@ -463,16 +466,18 @@ def _unmap_shared_writable() -> None:
             libc.munmap(lo, hi - lo)
 
 
-def _open_own_memory(at: int) -> tuple[int, int] | None:
-    """/proc/self/maps and /proc/self/pagemap at fds `at` and `at + 1` (for hugepages),
-    opened after the capabilities are gone (pagemap then shows no physical frame numbers)
-    and before the process is made not dumpable (its /proc files then belong to root) or
-    Landlock may forbid them. They describe only this process, which init_fn
-    could learn anyway; both are closed before any clone is forked. None without /proc:
-    both fds are closed then."""
+_SELF_FILES = ("maps", "pagemap", "stat")  # hugepages; the thread count (_fork_all)
+
+
+def _open_self_files(at: int) -> tuple[int, ...] | None:
+    """/proc/self/{maps,pagemap,stat} at fds `at`, `at + 1`, `at + 2`, opened after the
+    capabilities are gone (pagemap then shows no physical frame numbers) and before the
+    process is made not dumpable (its /proc files then belong to root) or Landlock may
+    forbid them. They describe only this process, which init_fn could learn anyway; all
+    are closed before any clone is forked. None without /proc: the fds are closed then."""
     placed = 0
     try:
-        for k, name in enumerate(("maps", "pagemap")):  # one at a time: the second open
+        for k, name in enumerate(_SELF_FILES):  # one at a time: a later open
             fd = os.open(f"/proc/self/{name}", os.O_RDONLY | os.O_CLOEXEC)  # never lands
             if fd != at + k:                                                # on the first
                 try:
@@ -482,9 +487,9 @@ def _open_own_memory(at: int) -> tuple[int, int] | None:
             placed += 1
     except OSError:
         pass
-    if placed == 2:
-        return at, at + 1
-    for k in range(2):  # whatever else held these numbers is not the init process's
+    if placed == len(_SELF_FILES):
+        return tuple(range(at, at + placed))
+    for k in range(len(_SELF_FILES)):  # whatever else held these numbers is not ours
         try:
             os.close(at + k)
         except OSError:
@@ -510,6 +515,7 @@ def _apply_process_fields(policy) -> None:
 def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
     code = INIT_FAILED
     forking = False
+    me = os.getpid()  # a clone reaching the handlers below must never kill its siblings
     report = base  # the report socket: with 0, 1 and 2, all the init process keeps open
     try:
         os.dup2(sock, report, inheritable=False)
@@ -522,16 +528,17 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
             os.dup2(null, 1)
         _unmap_shared_writable()
         _apply_process_fields(policy)
-        own_memory = None
+        own = None
         failed = _drop_privileges(conf)
         if failed is None:
-            own_memory = _open_own_memory(report + 1)
+            own = _open_self_files(report + 1)
             failed = _restrict(conf, bpf)
         if failed is not None:
             os.write(report, f"E confinement failed at {failed}\n".encode())
             os._exit(INIT_FAILED)
         os.closerange(3, report)  # nothing else of the caller's stays open, even an fd
-        os.closerange(report + 3, _MAX_FD)  # another thread opened during the fork
+        # (and whatever another thread of the caller opened during the fork)
+        os.closerange(report + 1 + len(_SELF_FILES), _MAX_FD)
         # init_fn prints to fds 1 and 2 (the caller's sys.stdout may wrap an fd closed above)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
@@ -556,13 +563,15 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         gc.collect()
         gc.freeze()
         _trim_heap()
-        if own_memory is not None:  # what init_fn built: one page-table entry per huge page
-            hugepages.collapse_own(*own_memory)
-            for fd in own_memory:
+        threads = None
+        if own is not None:  # what init_fn built: one page-table entry per huge page
+            hugepages.collapse_own(own[0], own[1])
+            threads = _thread_count(own[2])
+            for fd in own:
                 os.close(fd)
         t0 = time.perf_counter_ns()
         forking = True
-        i, pids = _fork_all(n, lib, report)
+        i, pids = _fork_all(n, lib, report, threads)
         if i >= 0:
             _clone_main(i, work_fn, stdout)
         _write_all(report, b"F %d\n" % (time.perf_counter_ns() - t0))
@@ -576,8 +585,8 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         except BaseException:
             pass
     finally:
-        if code != 0 and forking:  # a fork or the report failed (the caller may be gone):
-            try:                   # no clone outlives the init process then
+        if code != 0 and forking and os.getpid() == me:  # a fork or the report failed
+            try:                   # (the caller may be gone): no clone outlives the init
                 os.killpg(0, signal.SIGKILL)
             except BaseException:
                 pass
@@ -621,7 +630,17 @@ def _trim_heap() -> None:
         pass
 
 
-def _fork_all(n: int, lib, report: int) -> tuple[int, list[int]]:
+def _thread_count(stat_fd: int) -> int | None:
+    """Threads of this process (/proc/self/stat, field 20), C ones included."""
+    try:
+        raw = os.pread(stat_fd, 4096, 0)
+        return int(raw[raw.rindex(b")") + 2:].split()[17])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _fork_all(n: int, lib, report: int,
+              threads: int | None = None) -> tuple[int, list[int]]:
     """Fork n clones, each with its stdout on a fresh pipe whose read end goes to the
     caller over `report`: (clone index, []) in a clone, (-1, pids) in the init process.
     With the C loop (make helper) nothing runs between two forks; without it, a Python
@@ -630,10 +649,11 @@ def _fork_all(n: int, lib, report: int) -> tuple[int, list[int]]:
     forked = ctypes.c_int(0)
     # Python's own fork protocol (what os.fork() does around one fork: locks taken before
     # and remade in the child, the at-fork hooks, other threads' states dropped) is needed
-    # only if init_fn left threads behind: one of them could hold a lock a clone needs. It
+    # only if init_fn left threads behind (counted by the kernel: a C thread waiting for
+    # the GIL has no Python frame yet): one of them could hold a lock a clone needs. It
     # costs 160 copy-on-write faults per clone. A single-threaded init process (the usual
     # case) skips it; its clones only reseed `random`, the one hook with visible state.
-    protocol = len(sys._current_frames()) > 1
+    protocol = (threads or 1) > 1 or len(sys._current_frames()) > 1
     if lib is not None:
         after_child = None
         if protocol:
@@ -787,7 +807,11 @@ def reduce(reducer, cmd, clones: ForkResult, timeout: float | None = None):
     def drain_report():  # exit lines would otherwise fill the socket (see wait())
         by_pid = {c.pid: c for c in clones}
         while not clones._report.eof:
-            for line, fd in clones._report.record():
+            try:
+                lines = clones._report.record()
+            except OSError:
+                return
+            for line, fd in lines:
                 if fd is not None:
                     os.close(fd)
                 clones._exit_line(line, by_pid)
@@ -804,6 +828,10 @@ def reduce(reducer, cmd, clones: ForkResult, timeout: float | None = None):
         for t in threads:
             t.join(_GRACE)
         if any(t.is_alive() for t in threads):
+            # The threads still read the clones' fds and the report: they are left to
+            # them. The init process is dead (killed) and reaped; nothing else is reused.
+            os.waitpid(clones.init_pid, 0)
+            clones._done = True
             raise SandlockError("reduce(): the clones' pipes did not close after they were "
                                 "killed (a process outside their group holds one)")
     clones._collect(None if deadline is None else max(deadline, time.monotonic()))

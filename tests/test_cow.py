@@ -687,3 +687,33 @@ def test_directory_fds_and_the_cwd_follow_renamed_directories(tree, tmp_path, ch
     assert r.success, (r.stderr.decode()[-2000:], r.denials)
     assert r.stdout.decode() == expected.decode()
     assert snapshot(work, mtimes=False) == snapshot(outside, mtimes=False)
+
+
+def test_cd_into_a_directory_made_again_under_its_name(tree, tmp_path):
+    """`rm -rf d && mkdir d && cd d` (build scripts) lands in the new d, as on a real
+    filesystem; the removed one is not followed anywhere."""
+    script = ("rm -rf lib && mkdir lib && cd lib && echo made > made.txt && pwd && ls && "
+              "cd .. && ls lib")
+    outside = _copy(tree, tmp_path / "outside")
+    expected = subprocess.run(["sh", "-c", script], cwd=outside, capture_output=True)
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store").run(["sh", "-c", script])
+    assert r.success, (r.stderr, r.denials)
+    assert r.stdout == expected.stdout.replace(str(outside).encode(), str(work).encode())
+    assert snapshot(work, mtimes=False) == snapshot(outside, mtimes=False)
+
+
+def test_cd_by_a_name_whose_workdir_directory_moved_is_refused(tree, tmp_path):
+    """`mv notes old && mv data notes && cd notes` (notes/ changed first, so it is an
+    upper directory of its own): the kernel would enter the workdir's
+    notes, which the sandbox sees as old/. Refused (EACCES, reason in denials) rather
+    than entering the wrong directory; nothing is written to old/."""
+    script = ("mv notes old && mv data notes && touch notes/x && cd notes && "
+              "echo x > new.txt; echo rc=$?; ls old notes")
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(["sh", "-c", script])
+    out = r.stdout.decode()
+    assert "rc=0" not in out and "new.txt" not in out, out
+    assert "keep.csv" in out and "todo.txt" in out  # positive control: both moves happened
+    assert any(d["syscall"] == "chdir" and "inside the workspace" in d["reason"]
+               for d in r.denials), r.denials

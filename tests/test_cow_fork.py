@@ -503,8 +503,8 @@ def _forger_thread_init():
 
     def forge():
         time.sleep(0.2)
-        sock.send(b"".join(b"X %d 127\n" % p for p in range(me + 1, me + 40)) +
-                  b"F 1" + b"9" * 400 + b"\n")
+        sock.send(b"".join(b"X %d 127\nX %d 1099511627776\n" % (p, p)
+                           for p in range(me + 1, me + 40)) + b"F 1" + b"9" * 400 + b"\n")
     threading.Thread(target=forge, daemon=True).start()
 
 
@@ -514,3 +514,32 @@ def test_forged_exit_and_timing_lines_do_not_break_wait():
                     fs_readable=["/proc"]).fork(4, timeout=30).wait(timeout=30)
     assert [c.stdout for c in clones] == [b"0\n", b"1\n", b"2\n", b"3\n"]
     assert [c.exit_code for c in clones] == [0, 0, 0, 0]
+
+
+def _hijacking_init():
+    """init_fn claims both clones' outputs with one pipe's read end, sent twice, and ends
+    the forking phase itself (F): fork() takes those as the outputs."""
+    import array
+    import socket
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+    r, w = os.pipe()
+    os.write(w, b"x" * 10)
+    STATE["hijack_w"] = w  # open until the init process ends: no EOF before that
+    sock.sendmsg([b"P 0 %d\nP 1 %d\nF 5\n" % (os.getpid(), os.getpid())],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r, r]))])
+
+
+def test_one_pipe_claimed_twice_by_init_fn_does_not_break_wait():
+    """Both fds name one pipe: when one read empties it, the other's would block (EAGAIN).
+    wait() goes on; the real clones' records that come later are closed unread."""
+    import time
+    t0 = time.monotonic()
+    clones = mapper(init_fn=_hijacking_init, work_fn=lambda i: print(i),
+                    fs_readable=["/proc"]).fork(2, timeout=30).wait(timeout=30)
+    assert time.monotonic() - t0 < 20
+    assert sorted(c.stdout for c in clones) == [b"", b"x" * 10]

@@ -72,6 +72,10 @@ class CowLayer:
         # Set at the first rename or removal of a directory: until then every directory of
         # the workdir is where its name says (lower_dir_now() has nothing to look up).
         self.dirs_moved = False
+        # Bumped whenever an upper directory standing for a workdir one moves or goes: the
+        # origin index lower_dir_now() uses is rebuilt only then (_materialize adds to it).
+        self._generation = 0
+        self._origin_index: tuple[int, dict[str, str]] = (-1, {})
         if create:
             os.makedirs(self.upper, mode=0o700)
             try:
@@ -155,6 +159,8 @@ class CowLayer:
                 sub_ino = os.lstat(up).st_ino
                 self._complete.discard(sub_ino)
                 self._pending[sub_ino] = rel
+                if self._origin_index[0] == self._generation:  # kept current, not rebuilt
+                    self._origin_index[1].setdefault(rel, up)
                 os.chmod(up, stat.S_IMODE(st.st_mode))
                 os.utime(up, ns=(st.st_atime_ns, st.st_mtime_ns))
             elif stat.S_ISLNK(st.st_mode):
@@ -190,13 +196,20 @@ class CowLayer:
 
     # --- directories the sandbox holds open ----------------------------------------------------
 
+    def note_dirs_changed(self) -> None:
+        """A directory was renamed or removed (by the supervisor's handlers)."""
+        self.dirs_moved = True
+        self._generation += 1
+
     def lower_dir_now(self, rel: str) -> str:
         """Where the workdir's directory `rel` is in the sandbox's view now. A directory fd
         or working directory the sandbox took on an untouched directory is the workdir's
         own (the kernel's), and the kernel names it by its old path after the sandbox
         renamed it or a parent: such a directory follows the directory, as on a real
         filesystem, to the upper directory standing for it (its ORIGIN is `rel`, or a
-        parent's is a prefix of `rel`). OSError(ENOENT) once it was removed."""
+        parent's is a prefix of `rel`). Once it was removed it goes by its name again, so
+        that `rm -rf d; mkdir d; cd d` lands in the new d (a real filesystem would give
+        ENOENT to an fd on the removed one)."""
         if not rel or not self.dirs_moved:
             return rel
         with self.lock:
@@ -212,7 +225,7 @@ class CowLayer:
                 if self._stands_for(now, rel):
                     return now
                 break
-            raise OSError(errno.ENOENT, "No such file or directory")
+            return rel
 
     def _stands_for(self, now: str, rel: str) -> bool:
         """Is the directory at `now` in the sandbox's view the workdir's directory `rel`?"""
@@ -228,7 +241,11 @@ class CowLayer:
 
     def _upper_dirs_by_origin(self) -> dict[str, str]:
         """Upper directory for each workdir directory that has one (its ORIGIN xattr).
-        Only after a directory moved, and only the upper tree (what changed) is walked."""
+        Only after a directory moved, and only the upper tree (what changed) is walked,
+        once per change of it (see _generation)."""
+        gen, index = self._origin_index
+        if gen == self._generation:
+            return index
         out = {}
         for top, dirs, _ in os.walk(self.upper):
             for name in dirs:
@@ -236,6 +253,7 @@ class CowLayer:
                 origin = _xattr(path, ORIGIN)
                 if origin is not None:
                     out.setdefault(origin, path)
+        self._origin_index = (self._generation, out)
         return out
 
     # --- resolution ------------------------------------------------------------------------

@@ -259,7 +259,7 @@ def _remove(req, session, dirfd, path_arg, directory: bool):
             if loc.kind == LOWER or not stat.S_ISDIR(os.lstat(loc.upper).st_mode):
                 raise OSError(errno.ENOTDIR, "Not a directory")
             layer._materialize(loc.upper)  # its lower entries make it non-empty
-            layer.dirs_moved = True  # fds the sandbox holds on it no longer resolve
+            layer.note_dirs_changed()  # fds the sandbox holds on it go by name again
             os.rmdir(loc.upper)
         else:
             if stat.S_ISDIR(os.lstat(loc.upper).st_mode):
@@ -318,7 +318,7 @@ def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
                 os.lstat(old.upper).st_mode):
             layer._materialize(old.upper)
         if any(os.path.isdir(p) and not os.path.islink(p) for p in (old.upper, new.upper)):
-            layer.dirs_moved = True  # fds the sandbox holds on them follow (lower_dir_now)
+            layer.note_dirs_changed()  # fds the sandbox holds on them follow (lower_dir_now)
         renameat2(old.upper, new.upper, flags)
     return 0
 
@@ -436,7 +436,13 @@ def _same_in_lower(session, req, dirfd, path: bytes, follow: bool) -> str | None
             return None if loc.real == lower else "it was renamed inside the workspace"
         st = os.lstat(loc.upper)
         if stat.S_ISDIR(st.st_mode):
-            return None if os.path.isdir(lower) else "it was created inside the workspace"
+            # The kernel will hold the workdir's directory of that name, which relative
+            # paths then follow (lower_dir_now): it must be the one meant, or gone.
+            if not os.path.isdir(lower):
+                return "it was created inside the workspace"
+            if layer.lower_dir_now(loc.rel) != loc.rel:
+                return "the workdir's directory of that name was moved inside the workspace"
+            return None
         return "it was created or changed inside the workspace"
 
 
