@@ -305,18 +305,24 @@ def test_each_clone_holds_only_its_own_pipe(loop, monkeypatch):
     assert len(set(pipes)) == 70 and all(p.startswith(b"pipe:") for p in pipes)
 
 
+def _report_socket():
+    """What init_fn can reach: the init process's report socket (its only socket)."""
+    import socket
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                return socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+    raise AssertionError("no report socket in the init process")
+
+
 def _forging_init():
     """init_fn runs in the init process, beside the report socket: it sends junk lines
     with fds attached, then a record that claims clone 1's output."""
     import array
     import socket
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                sock = socket.socket(fileno=os.dup(int(fd)))
-                break
-        except OSError:
-            continue
+    sock = _report_socket()
     junk = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
     rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", junk))]
     sock.sendmsg([b"hello\nX 1 2\n"], rights)
@@ -489,16 +495,9 @@ def test_a_low_open_file_limit_still_forks_every_clone():
 def _forger_thread_init():
     """A thread init_fn leaves behind sends exit lines with impossible statuses for the
     pids the clones will likely get."""
-    import socket
     import threading
     import time
-    sock = None
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                sock = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:
-            continue
+    sock = _report_socket()
     me = os.getpid()
 
     def forge():
@@ -521,12 +520,7 @@ def _hijacking_init():
     the forking phase itself (F): fork() takes those as the outputs."""
     import array
     import socket
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                sock = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:
-            continue
+    sock = _report_socket()
     r, w = os.pipe()
     os.write(w, b"x" * 10)
     STATE["hijack_w"] = w  # open until the init process ends: no EOF before that
