@@ -516,6 +516,7 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
     code = INIT_FAILED
     forking = False
     me = os.getpid()  # a clone reaching the handlers below must never kill its siblings
+    stage = "setting up"
     report = base  # the report socket: with 0, 1 and 2, all the init process keeps open
     try:
         os.dup2(sock, report, inheritable=False)
@@ -542,8 +543,10 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         # init_fn prints to fds 1 and 2 (the caller's sys.stdout may wrap an fd closed above)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
+        stage = "init_fn"
         if init_fn is not None:
             init_fn()
+        stage = "forking the clones"
         for stream in (sys.stdout, sys.stderr):  # init_fn's output: os._exit flushes nothing
             try:
                 stream.flush()
@@ -578,9 +581,11 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         _reap(pids, lib, report)  # the clones only: children init_fn started are not reported
         code = 0
     except BaseException:
+        if os.getpid() != me:  # a clone, before its work_fn ran: its report fd is closed
+            os._exit(INIT_FAILED)
         try:
             msg = traceback.format_exc().strip().splitlines()[-1]
-            os.write(report, f"E init_fn failed: {msg}\n".encode())
+            os.write(report, f"E {stage} failed: {msg}\n".encode())
             traceback.print_exc()
         except BaseException:
             pass
