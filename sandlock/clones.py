@@ -40,7 +40,8 @@ import threading
 import time
 import traceback
 
-from ._kernel import caps, hugepages
+from . import libexec
+from ._kernel import caps, hugepages, procstat
 from ._kernel.seccomp import load_filter
 from .errors import PolicyError, SandlockError
 
@@ -598,8 +599,7 @@ def _init_main(conf, bpf, policy, init_fn, work_fn, n, lib, sock, err_w, base):
         os._exit(code)
 
 
-FORKLOOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libexec",
-                        "libsandlock-fork.so")
+FORKLOOP = libexec.path("libsandlock-fork.so")
 FORKLOOP_VERSION = 4  # sandlock_forkloop_version() of the forkloop.c this module speaks to
 
 _loaded: list = []
@@ -609,20 +609,12 @@ def _forkloop():
     """The C loop, loaded in the caller before the init process confines itself (Landlock
     would refuse to map it afterwards); None when it was not built or is stale."""
     if not _loaded:
-        lib = None
-        if os.path.exists(FORKLOOP):
-            try:
-                lib = ctypes.CDLL(FORKLOOP, use_errno=True)
-                if lib.sandlock_forkloop_version() != FORKLOOP_VERSION:
-                    raise AttributeError
-                # The forks run holding the GIL, as os.fork() does: no other thread of the
-                # init process runs Python meanwhile, and each clone's GIL is its own.
-                lib.fork_clones = ctypes.PyDLL(FORKLOOP, use_errno=True).sandlock_fork_clones
-            except (OSError, AttributeError):
-                lib = None
-                import warnings
-                warnings.warn(f"{FORKLOOP} is from another version of sandlock (run `make "
-                              "helper`); COW fork uses its slower Python loop")
+        lib = libexec.load(FORKLOOP, "sandlock_forkloop_version", FORKLOOP_VERSION,
+                           "COW fork uses its slower Python loop")
+        if lib is not None:
+            # The forks run holding the GIL, as os.fork() does: no other thread of the
+            # init process runs Python meanwhile, and each clone's GIL is its own.
+            lib.fork_clones = ctypes.PyDLL(FORKLOOP, use_errno=True).sandlock_fork_clones
         _loaded.append(lib)
     return _loaded[0]
 
@@ -638,8 +630,7 @@ def _trim_heap() -> None:
 def _thread_count(stat_fd: int) -> int | None:
     """Threads of this process (/proc/self/stat, field 20), C ones included."""
     try:
-        raw = os.pread(stat_fd, 4096, 0)
-        return int(raw[raw.rindex(b")") + 2:].split()[17])
+        return int(procstat.fields(os.pread(stat_fd, 4096, 0))[procstat.NUM_THREADS])
     except (OSError, ValueError, IndexError):
         return None
 

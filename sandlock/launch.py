@@ -17,11 +17,12 @@ import select
 import signal
 import struct
 
+from . import libexec
 from ._kernel.pidfd import pidfd_getfd, pidfd_open
 from .confinement import Confinement
 from .errors import SandboxError
 
-HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libexec", "sandlock-exec")
+HELPER = libexec.path("sandlock-exec")
 
 # Must match the enum in sandlock-exec.c.
 STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",

@@ -10,6 +10,7 @@ import ctypes
 import errno
 import os
 
+from . import procstat
 from .syscall import NR_PTRACE, syscall_errno
 
 PTRACE_SEIZE = 0x4206
@@ -52,11 +53,10 @@ def poll_tracee(tid: int):
 def thread_state(pid: int, tid: int) -> str:
     """The scheduler state letter of a thread ('R', 'S', 'D', 't', 'Z', ...), or '' if gone."""
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+        return procstat.fields(procstat.read(f"/proc/{pid}/task/{tid}/stat"))[
+            procstat.STATE].decode()
+    except (OSError, ValueError, IndexError):
         return ""
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
 
 
 def blocked_syscall(pid: int, tid: int) -> tuple[int, int] | None:

@@ -28,9 +28,10 @@ import errno
 import os
 import threading
 
+from .. import libexec
+
 VERSION = 2  # sl_fast_version() of the fastconnect.c this module speaks to
-LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "_libexec", "libsandlock-fastconnect.so")
+LIBRARY = libexec.path("libsandlock-fastconnect.so")
 CONTINUE_TCP = 1
 COW_PRISTINE = 2
 
@@ -126,19 +127,11 @@ _loaded: list = []
 def fast_path() -> FastPath | None:
     """The library, loaded once; None if it was not built, is stale, or is switched off."""
     if not _loaded:
-        lib = None
-        if os.environ.get("SANDLOCK_NO_FASTPATH") != "1" and os.path.exists(LIBRARY):
-            try:
-                raw = ctypes.CDLL(LIBRARY, use_errno=True)
-                if getattr(raw, "sl_fast_version", lambda: 0)() == VERSION:
-                    lib = FastPath(raw)
-                else:
-                    import warnings
-                    warnings.warn(f"{LIBRARY} is from another version of sandlock (run "
-                                  "`make helper`); the supervisor does everything in Python")
-            except (OSError, AttributeError):
-                lib = None
-        _loaded.append(lib)
+        raw = None
+        if os.environ.get("SANDLOCK_NO_FASTPATH") != "1":
+            raw = libexec.load(LIBRARY, "sl_fast_version", VERSION,
+                               "the supervisor does everything in Python")
+        _loaded.append(FastPath(raw) if raw is not None else None)
     return _loaded[0]
 
 

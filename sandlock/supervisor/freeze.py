@@ -39,7 +39,7 @@ import signal
 import threading
 import time
 
-from .._kernel import ptrace
+from .._kernel import procstat, ptrace
 
 # Syscalls a vfork parent may be blocked in until its child execs or exits (x86-64).
 _NR_CLONE, _NR_VFORK = 56, 58
@@ -58,16 +58,12 @@ def group_tasks(pgid: int) -> list[tuple[int, int]]:
         if not name.isdigit():
             continue
         try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                stat = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-            if int(stat[stat.rindex(b")") + 2:].split(b" ", 3)[2]) != pgid:
+            stat = procstat.fields(procstat.read(f"/proc/{name}/stat"))
+            if int(stat[procstat.PGRP]) != pgid:
                 continue
             pid = int(name)
             out.extend((pid, int(t)) for t in os.listdir(f"/proc/{name}/task"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
     return out
 
@@ -93,10 +89,8 @@ def tree_tasks(root: int) -> list[tuple[int, int]] | None:
             except OSError:
                 return None
     try:
-        with open(f"/proc/{root}/stat", "rb") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(b")") + 2:].split(b" ", 3)
-        alive = fields[0] not in (b"Z", b"X") and int(fields[2]) == root
+        stat = procstat.fields(procstat.read(f"/proc/{root}/stat"))
+        alive = stat[procstat.STATE] not in (b"Z", b"X") and int(stat[procstat.PGRP]) == root
     except (OSError, ValueError, IndexError):
         alive = False
     return out if alive else None

@@ -25,7 +25,7 @@ import threading
 
 from netpolicy.endpoint import canonical_address
 
-from .._kernel import sockets
+from .._kernel import procstat, sockets
 from .._kernel.fileops import AT_FDCWD
 from ..fs_rules import is_beneath
 from .request import Denied
@@ -138,12 +138,8 @@ def as_connected(address):
 
 def single_threaded(pid: int) -> bool:
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # no file object: it
-        try:                                                          # runs on every connect
-            stat = os.read(fd, 1024)
-        finally:
-            os.close(fd)
-        return int(stat[stat.rindex(b")") + 2:].split()[17]) == 1
+        return int(procstat.fields(procstat.read(f"/proc/{pid}/stat"))[
+            procstat.NUM_THREADS]) == 1
     except (OSError, ValueError, IndexError):
         return False
 
