@@ -69,11 +69,9 @@ class CowLayer:
         # Called once, before the first change: while there is none, the workspace is the
         # workdir itself (the supervisor's C fast path relies on that; see fastpath.py).
         self.on_first_change = None
-        # Set at the first rename or removal of a directory: until then every directory of
-        # the workdir is where its name says (lower_dir_now() has nothing to look up).
-        self.dirs_moved = False
         # Bumped whenever an upper directory standing for a workdir one moves or goes: the
         # origin index lower_dir_now() uses is rebuilt only then (_materialize adds to it).
+        # While 0, every directory of the workdir is where its name says.
         self._generation = 0
         self._origin_index: tuple[int, dict[str, str]] = (-1, {})
         if create:
@@ -198,7 +196,6 @@ class CowLayer:
 
     def note_dirs_changed(self) -> None:
         """A directory was renamed or removed (by the supervisor's handlers)."""
-        self.dirs_moved = True
         self._generation += 1
 
     def lower_dir_now(self, rel: str) -> str:
@@ -210,7 +207,7 @@ class CowLayer:
         parent's is a prefix of `rel`). Once it was removed it goes by its name again, so
         that `rm -rf d; mkdir d; cd d` lands in the new d (a real filesystem would give
         ENOENT to an fd on the removed one)."""
-        if not rel or not self.dirs_moved:
+        if not rel or not self._generation:
             return rel
         with self.lock:
             if self._stands_for(rel, rel):
@@ -226,6 +223,16 @@ class CowLayer:
                     return now
                 break
             return rel
+
+    def lower_path_now(self, path: str) -> str:
+        """A real path in the workdir, the kernel's name for a directory the sandbox holds
+        (a directory fd, its cwd), as the sandbox's view names that directory now
+        (lower_dir_now); any other path as it is."""
+        if not self._generation or not (path == self.lower
+                                        or path.startswith(self.lower + "/")):
+            return path
+        now = self.lower_dir_now(path[len(self.lower) + 1:])
+        return self.lower + "/" + now if now else self.lower
 
     def _stands_for(self, now: str, rel: str) -> bool:
         """Is the directory at `now` in the sandbox's view the workdir's directory `rel`?"""

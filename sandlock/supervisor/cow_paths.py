@@ -52,10 +52,8 @@ def spelled(req: Request, dirfd: int, path: bytes, layer=None) -> str:
         raise Denied(errno.EBADF, str(e)) from None
     if base.endswith(" (deleted)"):
         raise OSError(errno.ENOENT, "No such file or directory")  # a removed directory
-    if layer is not None and layer.dirs_moved and (
-            base == layer.lower or base.startswith(layer.lower + "/")):
-        now = layer.lower_dir_now(base[len(layer.lower) + 1:])
-        base = layer.lower + "/" + now if now else layer.lower
+    if layer is not None:
+        base = layer.lower_path_now(base)
     return base.rstrip("/") + "/" + text if text else base
 
 

@@ -163,11 +163,10 @@ def getcwd(req, session):
     except OSError:
         return CONTINUE
     layer = session.cow
-    if layer.dirs_moved and (cwd == layer.lower or cwd.startswith(layer.lower + "/")):
-        now = layer.lower_dir_now(cwd[len(layer.lower) + 1:])
-        cwd = layer.lower + "/" + now if now else layer.lower
-    elif not (cwd == layer.upper or cwd.startswith(layer.upper + "/")):
-        return CONTINUE
+    now = layer.lower_path_now(cwd)
+    if now == cwd and not (cwd == layer.upper or cwd.startswith(layer.upper + "/")):
+        return CONTINUE  # the kernel's answer is the sandbox's
+    cwd = now
     data = os.fsencode(layer.to_sandbox_path(cwd)) + b"\0"
     if len(data) > req.args[1]:
         raise OSError(errno.ERANGE, "Numerical result out of range")
