@@ -5,7 +5,13 @@ bytes; the child loads the bytes with one syscall. Rules:
 - Syscalls from other ABIs (i386 `int 0x80`, x32) kill the process: otherwise every rule
   below could be sidestepped by calling the same operation under another number.
 - Denied calls fail with EPERM; clone3 fails with ENOSYS so that libc falls back to clone,
-  whose flags are visible to BPF (namespace flags denied).
+  whose flags are visible to BPF (namespace flags denied), and openat2 fails with ENOSYS so
+  that callers fall back to openat (its flags, mode and RESOLVE_* rules live in memory the
+  filter cannot see, and a check read from there could change before the kernel reads it).
+- No file is ever created with S_ISUID or S_ISGID, by any uid: the mode is a register of
+  every creating call (open/openat/creat with O_CREAT or O_TMPFILE, mknod, mknodat, mkdir,
+  mkdirat), so the filter refuses those bits there (EPERM) with nothing to re-read.
+  `creation_refusal` applies the same rule where a call also reaches the supervisor.
 - Integer arguments that the kernel reads as 32-bit (ioctl cmd, socket domain/type,
   personality) are compared on their low 32 bits only, so garbage in the high bits cannot
   dodge a rule.
@@ -167,7 +173,7 @@ _compiled: dict[tuple, bytes] = {}
 # What a policy_fn observes, by event kind (sandlock.supervisor.runtime.EVENT_KINDS).
 RUNTIME_SYSCALLS = {
     "exec": ("execve", "execveat"),
-    "file": ("execve", "execveat", "open", "openat", "openat2", "creat"),
+    "file": ("execve", "execveat", "open", "openat", "creat"),
     "process": ("clone", "fork", "vfork", "exit_group"),
     "network": ("bind",),
 }
@@ -177,13 +183,40 @@ RUNTIME_DENY = ("io_setup", "io_submit")
 # Path calls a copy-on-write workdir serves (sandlock.supervisor.cow_calls), and the calls
 # that must find in the real tree what the sandbox sees (execve, chdir).
 COW_SYSCALLS = (
-    "open", "creat", "openat", "openat2", "stat", "lstat", "newfstatat", "statx",
+    "open", "creat", "openat", "stat", "lstat", "newfstatat", "statx",
     "access", "faccessat", "faccessat2", "readlink", "readlinkat",
     "getxattr", "lgetxattr", "listxattr", "llistxattr", "getcwd", "chdir",
     "mkdir", "mkdirat", "mknod", "mknodat", "symlink", "symlinkat",
     "unlink", "unlinkat", "rmdir", "rename", "renameat", "renameat2",
     "link", "linkat", "truncate", "execve", "execveat",
 )
+
+
+# Calls that create an inode from a mode register: name -> (flags argument that must contain
+# O_CREAT or O_TMPFILE for the mode to count, or None when the call always creates; mode
+# argument).
+CREATING_CALLS = {"open": (1, 2), "openat": (2, 3), "creat": (None, 1), "mknod": (None, 1),
+                  "mknodat": (None, 2), "mkdir": (None, 1), "mkdirat": (None, 2)}
+_O_CREAT = 0o100
+_O_TMPFILE = 0o20000000  # __O_TMPFILE
+_SETID_BITS = (0o4000, 0o2000)  # S_ISUID, S_ISGID
+
+
+def creation_refusal(name: str, args) -> str | None:
+    """Why a creating call is refused (a set-id bit in its mode), or None. The same rule as
+    the BPF program's: where a call also goes to the supervisor (a copy-on-write workdir, a
+    policy_fn's file events), libseccomp lets the unconditional NOTIFY rule replace the
+    conditional ones, so the loop applies this before any handler (registers: nothing to
+    re-read)."""
+    spec = CREATING_CALLS.get(name)
+    if spec is None:
+        return None
+    flags_arg, mode_arg = spec
+    if flags_arg is not None and not args[flags_arg] & (_O_CREAT | _O_TMPFILE):
+        return None
+    if args[mode_arg] & (_SETID_BITS[0] | _SETID_BITS[1]):
+        return "setuid/setgid bits are never set from a sandbox (creation mode)"
+    return None
 
 
 def clone_refusal(flags: int, runtime: bool) -> str | None:
@@ -261,6 +294,15 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
             continue
         f.add_rule(sc.NOTIFY, syscall_number(name))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "openat2")
+    for name, (flags_arg, mode_arg) in CREATING_CALLS.items():
+        for bit in _SETID_BITS:
+            mode = sc.Arg(mode_arg, sc.MASKED_EQ, bit, bit)
+            if flags_arg is None:
+                f.add_rule(eperm, name, mode)
+                continue
+            for flag in (_O_CREAT, _O_TMPFILE):
+                f.add_rule(eperm, name, sc.Arg(flags_arg, sc.MASKED_EQ, flag, flag), mode)
     for flag in _CLONE_NAMESPACE_FLAGS:
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     for cmd in (_TIOCSTI, _TIOCLINUX) + _INODE_FLAG_IOCTLS:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import struct
 
 from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fchmod_fd,
                                open_no_symlinks, renameat2)
@@ -138,20 +137,6 @@ def creat(req, session):
 
 def openat(req, session):
     return _open(req, session, req.arg_int(0), req.read_path(1), req.arg_int(2), req.args[3])
-
-
-def openat2(req, session):
-    if req.args[3] < 24:
-        raise Denied(errno.EINVAL, "open_how too small")
-    flags, mode, resolve = struct.unpack("<QQQ", req.read_bytes(req.args[2], 24))
-    path = req.read_path(1)
-    if rel_of(session, req, req.arg_int(0), path) is None:
-        return CONTINUE
-    if resolve:
-        # RESOLVE_* scoping is not reproduced in the workspace view: ENOSYS makes callers
-        # fall back to openat (as on kernels without openat2).
-        raise Denied(errno.ENOSYS, "openat2 RESOLVE_* flags inside a copy-on-write workdir")
-    return _open(req, session, req.arg_int(0), path, flags, mode)
 
 
 # --- namespace changes -------------------------------------------------------------------------
@@ -469,7 +454,7 @@ def chdir(req, session):
 # supervisor.metadata, which resolve workspace paths through Request.open_target.
 HANDLERS = {
     **cow_reads.HANDLERS,
-    "open": open_, "creat": creat, "openat": openat, "openat2": openat2,
+    "open": open_, "creat": creat, "openat": openat,
     "chdir": chdir,
     "mkdir": mkdir, "mkdirat": mkdirat, "mknod": mknod, "mknodat": mknodat,
     "symlink": symlink, "symlinkat": symlinkat,

@@ -34,6 +34,7 @@ from .fastpath import COW_PRISTINE, eligible, fast_path
 from .freeze import Freeze, FreezeError
 from .network import CONTINUE, Defer, Frozen, Inject
 from .request import Denied, Request, thread_group
+from ..syscall_filter import creation_refusal
 
 
 def _dispatch_table() -> dict[int, tuple[str, object]]:
@@ -94,7 +95,7 @@ WORKERS = 128
 FREEZE_LIMIT = 1.0   # seconds to freeze a sandbox, and again for a released call to return
 # Calls a policy_fn may hold: with one, their handlers run on a worker from the start.
 HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", "execveat",
-                  "open", "openat", "openat2", "creat"})
+                  "open", "openat", "creat"})
 # (Handlers of the copy-on-write workdir, supervisor.cow_calls, run on this thread: the
 # layer's lock orders them with the ones a policy_fn makes run on workers.)
 
@@ -298,6 +299,11 @@ class Supervisor:
     def _answer(self, listener: int, session: Session, notif: seccomp.Notif) -> None:
         req = Request(listener, notif)
         name, handler = self._dispatch.get(req.nr, (str(req.nr), None))
+        refusal = creation_refusal(name, req.args)
+        if refusal is not None:  # the filter's own rule, where NOTIFY replaced it
+            session.record_denial(req, name, errno.EPERM, refusal)
+            self._send(req, session, ("error", errno.EPERM))
+            return
         if session.runtime is not None and name in HELD:
             self._submit(req, session, self._run_held, req, session, name, handler)
             return

@@ -217,10 +217,24 @@ def _xattr_value(req, addr, size) -> bytes:
     return req.read_bytes(addr, size) if size else b""
 
 
+_ACL_ACCESS = b"system.posix_acl_access"
+
+
+def _acl_refusal(fd: int, name: bytes) -> None:
+    """An access ACL rewrites a file's permission bits: never on a setuid/setgid file (it
+    could make a set-id program executable for others)."""
+    if name == _ACL_ACCESS:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o6000 and not stat.S_ISDIR(mode):
+            raise Denied(errno.EPERM, "ACLs are never set on setuid/setgid files from a "
+                                      "sandbox")
+
+
 def _set_on_opath(name, value, flags):
     def act(t):
         if stat.S_ISLNK(os.fstat(t).st_mode):
             raise Denied(errno.EPERM, "xattrs on symlinks")
+        _acl_refusal(t, name)
         os.setxattr(f"/proc/self/fd/{t}", name, value, flags)
     return act
 
@@ -252,7 +266,11 @@ def fsetxattr(req, session):
     value = _xattr_value(req, req.args[2], req.args[3])
     flags = req.arg_int(4)
     fd = req.dup_fd(req.arg_int(0))
-    return _run(req, session, fd, lambda t: os.setxattr(t, name, value, flags))
+
+    def act(t):
+        _acl_refusal(t, name)
+        os.setxattr(t, name, value, flags)
+    return _run(req, session, fd, act)
 
 
 def setxattrat(req, session):

@@ -1,4 +1,4 @@
-"""open, openat, openat2 and creat under a policy_fn.
+"""open, openat and creat under a policy_fn (openat2 is answered ENOSYS by the filter).
 
 The callback sees the event's category only, never the path: a verdict on it needs no
 read of the caller's memory, so the call continues in the kernel (Landlock still decides
@@ -57,9 +57,7 @@ def _handler(name: str, dirfd_arg: int | None, path_arg: int, flags_arg: int | N
     def handler(req: Request, session):
         dirfd = AT_FDCWD if dirfd_arg is None else req.arg_int(dirfd_arg)
 
-        def flags_of():  # only under the freeze: openat2 keeps its flags in memory
-            if name == "openat2":
-                return _openat2_flags(req)
+        def flags_of():
             return os.O_CREAT if flags_arg is None else req.arg_int(flags_arg)
         if session.runtime.denied_paths:
             return Frozen(lambda: _decide(req, session, name, dirfd, path_arg, flags_of,
@@ -80,20 +78,10 @@ def decide_event(req: Request, session, name: str) -> None:
             raise Denied(verdict.errno, verdict.reason)
 
 
-def _openat2_flags(req: Request) -> int:
-    """open_how.flags (read under the freeze, for path resolution only)."""
-    import struct
-    size = req.args[3]
-    if size < 8:
-        raise Denied(errno.EINVAL, "open_how too small")
-    return struct.unpack("<Q", req.read_bytes(req.args[2], 8))[0]
-
-
 HANDLERS = {
     "open": _handler("open", None, 0, 1),
     "creat": _handler("creat", None, 0, None),
     "openat": _handler("openat", 0, 1, 2),
-    "openat2": _handler("openat2", 0, 1, None),
 }
 
 # An open spelled outside a copy-on-write workdir, whose event was already decided: only
@@ -102,5 +90,4 @@ PATH_ONLY = {
     "open": _handler("open", None, 0, 1, False),
     "creat": _handler("creat", None, 0, None, False),
     "openat": _handler("openat", 0, 1, 2, False),
-    "openat2": _handler("openat2", 0, 1, None, False),
 }
