@@ -46,11 +46,48 @@ class AuditLog:
             pass
 
 
-def summarize(path: str, top: int = 10) -> str:
-    """A readable summary of an audit log: totals, top denied destinations, by process."""
+def describe(rec: dict) -> str:
+    """What a record was about, in one line of escaped text: `POST api.test/v1`,
+    `tcp [::1]:443 (api.test)`, `dns evil.test`, `unix /run/x.sock`, `read /etc/x`."""
+    from .text import bracketed, printable
+    protocol = rec.get("protocol")
+    host = rec.get("host")
+    if rec.get("method") is not None or protocol in ("http", "https"):
+        target = f"{host or '?'}{rec.get('path') or ''}"
+        return printable(f"{rec.get('method') or '?'} {target}")
+    if protocol == "dns":
+        return f"dns {printable(host or '?')}"
+    if protocol == "unix":
+        return f"unix {printable(rec.get('path') or '?')}"
+    if protocol in ("tcp", "udp", "icmp", "tls", "h2"):
+        where = f"{bracketed(rec.get('address', '?'))}:{rec.get('port', '?')}"
+        return f"{protocol} {where}" + (f" ({printable(host)})" if host else "")
+    if rec.get("access") is not None:  # a file access
+        return f"{printable(rec['access'])} {printable(rec.get('path') or '?')}"
+    return printable(rec.get("syscall") or "?")
+
+
+def _line(rec: dict) -> str:
+    from .text import printable, shell_words
+    when = rec.get("time")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(
+        when, (int, float)) else "?"
+    argv = rec.get("argv") or []
+    who = shell_words(argv, 60) if argv else "?"
+    why = printable(rec.get("reason") or "")
+    return (f"{stamp}  pid {rec.get('pid', '?')}  {who}  {describe(rec)}  "
+            f"[{printable(rec.get('rule', '?'))}]" + (f"  {why}" if why else ""))
+
+
+def summarize(path: str, top: int = 10, lines: bool = True) -> str:
+    """A readable account of an audit log: one line per denial (unless `lines` is False),
+    then totals, top denied destinations, by process and by rule. Everything that came
+    from a sandbox is escaped (netpolicy.text)."""
     from collections import Counter
+    from .text import printable, shell_words
     dests, procs, rules = Counter(), Counter(), Counter()
     total = bad = 0
+    out = []
     with open(path, "rb") as f:
         for raw in f:
             try:
@@ -58,19 +95,19 @@ def summarize(path: str, top: int = 10) -> str:
             except ValueError:
                 bad += 1
                 continue
-            if rec.get("decision") != "deny":
+            if not isinstance(rec, dict) or rec.get("decision") != "deny":
                 continue
             total += 1
-            host = rec.get("host")
-            dest = f"{rec.get('protocol', '?')} {rec.get('address', '?')}:{rec.get('port', '?')}"
-            dests[dest + (f" ({host})" if host else "")] += 1
+            if lines:
+                out.append(_line(rec))
+            dests[describe(rec)] += 1
             argv = rec.get("argv") or []
-            procs[" ".join(argv[:3]) or f"pid {rec.get('pid')}"] += 1
-            rules[rec.get("rule", "?")] += 1
-    lines = [f"{total} denied event(s) in {path}" + (f" ({bad} unreadable lines)" if bad else "")]
-    for title, counter in (("top denied destinations", dests), ("by process", procs),
-                           ("by rule", rules)):
+            procs[shell_words(argv[:3], 60) if argv else f"pid {rec.get('pid')}"] += 1
+            rules[printable(rec.get("rule", "?"))] += 1
+    out.append(f"{total} denied event(s) in {printable(path)}"
+               + (f" ({bad} unreadable lines)" if bad else ""))
+    for title, counter in (("top denied", dests), ("by process", procs), ("by rule", rules)):
         if counter:
-            lines.append(f"{title}:")
-            lines += [f"  {n:6d}  {k}" for k, n in counter.most_common(top)]
-    return "\n".join(lines)
+            out.append(f"{title}:")
+            out += [f"  {n:6d}  {k}" for k, n in counter.most_common(top)]
+    return "\n".join(out)

@@ -16,6 +16,13 @@ EXIT_TIMEOUT = 124
 EXIT_SANDLOCK = 125
 
 
+def _say(text: str) -> None:
+    """A line on stderr for a person. Messages quote what a sandbox chose (paths, hosts,
+    argv), so control characters and escape sequences are shown escaped, never sent."""
+    from netpolicy.text import printable
+    print(f"sandlock: {printable(text)}", file=sys.stderr)
+
+
 def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE.yaml",
                    help="a YAML policy (version 1); the flags below add to it")
@@ -118,7 +125,10 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     if wanted("audit"):
         audit = sub.add_parser("audit", help="summarise an audit log")
         audit.add_argument("file")
-        audit.add_argument("--top", type=int, default=10)
+        audit.add_argument("--top", type=int, default=10,
+                           help="how many entries each summary table shows")
+        audit.add_argument("--summary", action="store_true",
+                           help="only the totals, not one line per denial")
     if wanted("workspace"):
         ws = sub.add_parser("workspace", help="a copy-on-write layer left by --on-exit keep "
                                               "(or by a crash during a commit)")
@@ -263,28 +273,26 @@ def _run(a, net_run: bool = False) -> int:
     from .sandbox import CommandNotFound, StdioMode
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
-        print("sandlock: error: no command given (usage: sandlock run [options] -- CMD)",
-              file=sys.stderr)
+        _say("error: no command given (usage: sandlock run [options] -- CMD)")
         return EXIT_SANDLOCK
     try:
         sb, timeout = _sandbox_from_args(a, net_run)
         for lost in sb.degradations:
-            print(f"sandlock: warning: degraded: {lost}", file=sys.stderr)
+            _say(f"warning: degraded: {lost}")
         proc = sb.popen(cmd, StdioMode.INHERIT, StdioMode.INHERIT, StdioMode.INHERIT)
     except CommandNotFound as e:
-        print(f"sandlock: {e}", file=sys.stderr)
+        _say(f"{e}")
         return 127
     except SandlockError as e:
-        print(f"sandlock: error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return EXIT_SANDLOCK
     if a.dry_run and proc.workspace is None:
         proc.kill()
         proc.close()
-        print("sandlock: error: --dry-run needs --workdir (or a policy's workspace)",
-              file=sys.stderr)
+        _say("error: --dry-run needs --workdir (or a policy's workspace)")
         return EXIT_SANDLOCK
     if proc.exec_error:
-        print(f"sandlock: {proc.exec_error}", file=sys.stderr)
+        _say(f"{proc.exec_error}")
     fg = _Foreground(proc.pid)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -293,8 +301,7 @@ def _run(a, net_run: bool = False) -> int:
     except TimeoutError:
         proc.kill()
         proc.wait()
-        print(f"sandlock: timed out after {timeout:g}s; the sandbox was killed",
-              file=sys.stderr)
+        _say(f"timed out after {timeout:g}s; the sandbox was killed")
         status = EXIT_TIMEOUT
     except KeyboardInterrupt:
         proc.kill()
@@ -314,23 +321,22 @@ def _workspace_summary(ws, dry_run: bool) -> None:
     from .cow import table
     if dry_run:
         print(table(ws.changes))
-        print(f"sandlock: dry run: {ws.layer.lower} was left untouched", file=sys.stderr)
+        _say(f"dry run: {ws.layer.lower} was left untouched")
     else:
         done = {"commit": "applied to", "abort": "discarded, not applied to",
                 "keep": "kept for inspection, not applied to"}[ws.action.value]
         where = (f" (layer: {ws.layer.root}; `sandlock workspace diff|commit|abort` it)"
                  if ws.action.value == "keep" else "")
-        print(f"sandlock: {len(ws.changes)} change(s) {done} {ws.layer.lower}{where}",
-              file=sys.stderr)
+        _say(f"{len(ws.changes)} change(s) {done} {ws.layer.lower}{where}")
     if ws.error:
-        print(f"sandlock: workspace: {ws.error}", file=sys.stderr)
+        _say(f"workspace: {ws.error}")
 
 
 def _net_run_summary(sb) -> None:
     audit = sb.audit
     denied = audit.denied if audit is not None else 0
     where = f"; audit log: {audit.path}" if audit is not None else ""
-    print(f"sandlock: {denied} network request(s) denied{where}", file=sys.stderr)
+    _say(f"{denied} network request(s) denied{where}")
 
 
 def _pipe(tokens: list[str]) -> int:
@@ -351,20 +357,20 @@ def _pipe(tokens: list[str]) -> int:
             args = parser.parse_args(["run", *seg])
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             if not cmd:
-                print("sandlock: error: a pipeline stage has no command "
-                      "(stage: [options] -- CMD ...)", file=sys.stderr)
+                _say("error: a pipeline stage has no command "
+                      "(stage: [options] -- CMD ...)")
                 return EXIT_SANDLOCK
             sb, stage_timeout = _sandbox_from_args(args)
             timeout = timeout if timeout is not None else stage_timeout
             stages.append(sb.cmd(cmd))
         result = Pipeline(stages).run(stdout=1, stdin=0, timeout=timeout)
     except SandlockError as e:
-        print(f"sandlock: error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return EXIT_SANDLOCK
     for i, r in enumerate(result.stages):
         sys.stderr.buffer.write(r.stderr)
         if r.error:
-            print(f"sandlock: stage {i + 1}: {r.error}", file=sys.stderr)
+            _say(f"stage {i + 1}: {r.error}")
     if result.reason.name == "TIMEOUT":
         return EXIT_TIMEOUT
     return result.exit_code if result.signal < 0 else 128 + result.signal
@@ -378,7 +384,7 @@ def _policy_check(a) -> int:
         loaded = load_policy(a.file)
         sb = Sandbox(**merge_fields(system_fields() if loaded.system else {}, loaded.fields))
     except SandlockError as e:
-        print(f"sandlock: error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return EXIT_SANDLOCK
     p = sb.policy
     print(f"{a.file}: valid (version 1){' — ' + loaded.name if loaded.name else ''}")
@@ -416,9 +422,9 @@ def _policy_check(a) -> int:
 def _audit(a) -> int:
     from netpolicy.audit import summarize
     try:
-        print(summarize(a.file, a.top))
+        print(summarize(a.file, a.top, lines=not a.summary))
     except OSError as e:
-        print(f"sandlock: error: {a.file}: {e.strerror}", file=sys.stderr)
+        _say(f"error: {a.file}: {e.strerror}")
         return EXIT_SANDLOCK
     return 0
 
@@ -469,18 +475,18 @@ def _workspace(a) -> int:
         layer = cow.CowLayer.open(a.layer)
         if a.action == "diff":
             if cow.interrupted(a.layer):
-                print("sandlock: a commit of this layer was interrupted; `sandlock workspace "
-                      "commit` finishes it", file=sys.stderr)
+                _say("a commit of this layer was interrupted; `sandlock workspace "
+                      "commit` finishes it")
             print(cow.table(cow.diff(layer)))
         elif a.action == "commit":
             changes = cow.diff(layer) if not cow.interrupted(a.layer) else None
             cow.commit(layer, changes)
-            print(f"sandlock: committed to {layer.lower}", file=sys.stderr)
+            _say(f"committed to {layer.lower}")
         else:
             layer.discard()
-            print(f"sandlock: discarded {a.layer}", file=sys.stderr)
+            _say(f"discarded {a.layer}")
     except (OSError, ValueError) as e:
-        print(f"sandlock: error: {a.layer}: {e}", file=sys.stderr)
+        _say(f"error: {a.layer}: {e}")
         return EXIT_SANDLOCK
     return 0
 
@@ -491,14 +497,13 @@ def _certs(a) -> int:
     cert = directory / f"{BASENAME}-ca-cert.pem"
     if a.action == "init" or not cert.exists():
         if a.action != "init":
-            print(f"sandlock: error: no CA in {directory}; run `sandlock certs init`",
-                  file=sys.stderr)
+            _say(f"error: no CA in {directory}; run `sandlock certs init`")
             return EXIT_SANDLOCK
         existed = cert.exists()
         try:
             open_store(directory)
         except OSError as e:
-            print(f"sandlock: error: {directory}: {e.strerror}", file=sys.stderr)
+            _say(f"error: {directory}: {e.strerror}")
             return EXIT_SANDLOCK
         print(f"{'existing' if existed else 'created'} CA: {cert} "
               f"(private key: {directory / (BASENAME + '-ca.pem')}, mode 0600)")

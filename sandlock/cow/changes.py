@@ -33,6 +33,9 @@ class Change:
     after: Entry | None
 
     def describe(self) -> str:
+        """One line for a person; the sandbox chose the names, so they are escaped."""
+        from netpolicy.text import printable
+
         def side(e):
             if e is None:
                 return "-"
@@ -40,9 +43,10 @@ class Change:
             if e.kind == "file":
                 text += f" {e.size}B {e.digest[:12]}"
             elif e.kind == "symlink":
-                text += f" -> {e.digest}"
+                text += f" -> {printable(e.digest)}"
             return text
-        return f"{self.action:<9} {self.path:<40} {side(self.before)}  =>  {side(self.after)}"
+        return (f"{self.action:<9} {printable(self.path):<40} {side(self.before)}  =>  "
+                f"{side(self.after)}")
 
 
 def _kind(mode: int) -> str:
