@@ -26,7 +26,8 @@ class DnsContext:
         self.allowed = allowed
         self.resolver = resolver
         self.pins = pins
-        self.on_decision = on_decision  # callable(name, allowed) for the audit log
+        # callable(name or None, refusal reason or None) for the audit log
+        self.on_decision = on_decision
 
 
 class DnsTcpProxy:
@@ -86,12 +87,14 @@ class DnsTcpProxy:
                 if wire is None:
                     return
                 try:
-                    reply, decisions = answer_query(wire, ctx.allowed, ctx.resolver, ctx.pins)
-                except Exception:
-                    return  # malformed: drop the connection, answer nothing
+                    reply, name, refusal = answer_query(wire, ctx.allowed, ctx.resolver,
+                                                        ctx.pins)
+                except Exception as e:  # a bug: deny, and say so
+                    reply, name, refusal = None, None, f"supervisor error: {e!r}"
                 if ctx.on_decision:
-                    for name, ok in decisions:
-                        ctx.on_decision(name, ok)
+                    ctx.on_decision(name, refusal)
+                if reply is None:
+                    return  # nothing to answer: drop the connection
                 conn.sendall(struct.pack("!H", len(reply)) + reply)
         except OSError:
             return

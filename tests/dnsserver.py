@@ -19,6 +19,7 @@ class TestDnsServer:
         self.zone = {k.lower().rstrip("."): v for k, v in zone.items()}
         self.ttl = ttl
         self.queries: list[str] = []
+        self.raw: list[bytes] = []  # every message received, as it arrived
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.bind((host, 0))
         self.port = self.udp.getsockname()[1]
@@ -33,6 +34,8 @@ class TestDnsServer:
         threading.Thread(target=self._tcp_loop, daemon=True).start()
 
     def _answer(self, wire: bytes) -> bytes:
+        with self._lock:
+            self.raw.append(wire)
         q = dns.message.from_wire(wire)
         r = dns.message.make_response(q)
         for question in q.question:
@@ -85,6 +88,11 @@ class TestDnsServer:
                     conn.sendall(struct.pack("!H", len(reply)) + reply)
             except OSError:
                 return
+
+    def received(self, data: bytes) -> bool:
+        """Whether any message that reached this server contained `data`."""
+        with self._lock:
+            return any(data in m for m in self.raw)
 
     def saw(self, name: str) -> bool:
         with self._lock:

@@ -44,6 +44,13 @@ def getsockopt_int(fd: int, level: int, opt: int) -> int:
     return value.value
 
 
+def getsockopt_bytes(fd: int, level: int, opt: int, size: int) -> bytes:
+    buf = ctypes.create_string_buffer(size)
+    length = ctypes.c_uint32(size)
+    _check(libc.getsockopt(fd, level, opt, buf, ctypes.byref(length)))
+    return buf.raw[:length.value]
+
+
 def socket_info(fd: int) -> tuple[int, int, int]:
     """(domain, type, protocol) of the socket behind `fd`; OSError(ENOTSOCK) otherwise.
     The protocol is read only for datagram sockets (UDP vs ICMP); streams report 0."""

@@ -66,6 +66,7 @@
 #define MAX_WORKERS 128
 #define QUEUE_LEN 256
 #define ORPHAN_CHECK_MS 200
+#define WORKER_IDLE_MS 1000  /* an idle worker leaves after this long */
 
 struct dest {
     uint8_t used, family, len;
@@ -325,8 +326,24 @@ static void *worker(void *arg) {
     for (;;) {
         pthread_mutex_lock(&lock);
         n_idle++;
-        while (q_count == 0)
-            pthread_cond_wait(&queued, &lock);
+        while (q_count == 0) {
+            /* Idle for WORKER_IDLE_MS: leave, so that the process returns to the threads
+             * it had before a burst (submit() starts workers again as needed). */
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += WORKER_IDLE_MS / 1000;
+            until.tv_nsec += (long)(WORKER_IDLE_MS % 1000) * 1000000;
+            if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+            }
+            if (pthread_cond_timedwait(&queued, &lock, &until) == ETIMEDOUT && q_count == 0) {
+                n_idle--;
+                n_workers--;
+                pthread_mutex_unlock(&lock);
+                return NULL;
+            }
+        }
         n_idle--;
         struct job *j = queue[q_head];
         q_head = (q_head + 1) % QUEUE_LEN;

@@ -30,7 +30,7 @@ from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fch
 from ..cow.location import LOWER, MISSING, OUTSIDE, UPPER, Loc
 from . import cow_reads
 from .cow_paths import located, quota, rel_of, runtime_path_check, spelled, umask_of
-from .network import CONTINUE, Defer, Inject
+from .network import CONTINUE, Defer, Guard, Inject
 from .request import Denied, Request
 
 AT_REMOVEDIR = 0x200
@@ -101,21 +101,20 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int)
         return Inject(fd, bool(flags & os.O_CLOEXEC))
 
 
-class _FifoGuard:
+class _FifoGuard(Guard):
     """A blocking FIFO open waits on a worker for its peer; if the caller goes away, abort()
-    plays the peer (O_RDWR never blocks on a FIFO) so the worker is released."""
+    also plays the peer (O_RDWR never blocks on a FIFO) so the worker is released."""
 
     def __init__(self, path: str):
+        super().__init__(-1)
         self.path = path
 
     def abort(self) -> None:
+        super().abort()
         try:
             os.close(open_no_symlinks(self.path, os.O_RDWR | os.O_NONBLOCK))
         except OSError:
             pass
-
-    def close(self) -> None:
-        pass
 
 
 def _fifo_open(layer, real: str, flags: int):

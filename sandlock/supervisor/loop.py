@@ -28,12 +28,13 @@ import sys
 import threading
 import time
 
-from .._kernel import caps, seccomp
+from .._kernel import caps, interrupt, seccomp
 from . import connect, execve, lifecycle, metadata, opens, send
 from .fastpath import COW_PRISTINE, eligible, fast_path
 from .freeze import Freeze, FreezeError
 from .network import CONTINUE, Defer, Frozen, Inject
 from .request import Denied, Request, thread_group
+from .workers import Workers
 from ..syscall_filter import creation_refusal
 
 
@@ -91,7 +92,6 @@ def _exec_in_workspace(name, other):
 
 PENDING_CHECK = 0.2  # seconds between checks for deferred calls whose caller is gone
 MAX_DEFERRED_PER_SANDBOX = 32
-WORKERS = 128
 FREEZE_LIMIT = 1.0   # seconds to freeze a sandbox, and again for a released call to return
 # Calls a policy_fn may hold: with one, their handlers run on a worker from the start.
 HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", "execveat",
@@ -126,6 +126,8 @@ class Session:
         self._held: list | None = None
         self.freeze_lock = threading.Lock()   # one freeze at a time
         self.memory_lock = threading.Lock()   # held by a freeze; taken to write child memory
+        self.fd_budget_lock = threading.Lock()
+        self.fds_in_flight = 0  # SCM_RIGHTS duplicates its sends hold (send.FD_BUDGET)
 
     def received(self, notif_id: int, tid: int) -> None:
         with self._gate_lock:
@@ -187,6 +189,8 @@ class Supervisor:
         self._fast = fast_path()
         if self._fast is not None:
             self._fast.init()
+        interrupt.prepare()
+        _raise_fd_limit()
         self._thread = threading.Thread(target=self._serve, name="sandlock-supervisor",
                                         daemon=True)
         self._thread.start()
@@ -233,6 +237,9 @@ class Supervisor:
             session.released.set()
 
     def _serve(self) -> None:
+        # This thread (and the C fast path's workers, which it starts and which inherit its
+        # mask) takes no process signal: the application's handlers run in its threads.
+        interrupt.only_interruptible()
         notif = seccomp.Notif()
         fast = self._fast
         while True:
@@ -339,7 +346,7 @@ class Supervisor:
                 self._pending.add(entry)
         try:
             self._pool().submit(self._on_worker, session, entry, fn, *args)
-        except Exception:  # no worker could be started: deny, never hang
+        except BaseException:  # no worker could be started: deny, never hang
             with self._pending_lock:
                 session.deferred -= 1
                 self._pending.discard(entry)
@@ -348,9 +355,14 @@ class Supervisor:
             self._send(req, session, ("error", errno.EAGAIN))
 
     def _on_worker(self, session, entry, fn, *args) -> None:
+        guard = entry[2] if entry is not None else None
+        if guard is not None:
+            guard.enter()
         try:
             fn(*args)
         finally:
+            if guard is not None:
+                guard.leave()
             with self._pending_lock:
                 session.deferred -= 1
                 self._pending.discard(entry)
@@ -372,9 +384,11 @@ class Supervisor:
                 entry = (req.listener, req.id, result.guard)
                 with self._pending_lock:
                     self._pending.add(entry)
+                result.guard.enter()
                 try:
                     return result.fn()
                 finally:
+                    result.guard.leave()
                     with self._pending_lock:
                         self._pending.discard(entry)
             return result
@@ -480,12 +494,22 @@ class Supervisor:
                 pass
         session.respond(req.id, send, exempt)
 
-    def _pool(self):
+    def _pool(self) -> Workers:
         if self._workers is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self._workers = ThreadPoolExecutor(max_workers=WORKERS,
-                                               thread_name_prefix="sandlock-onbehalf")
+            self._workers = Workers()
         return self._workers
+
+
+def _raise_fd_limit() -> None:
+    """The supervisor holds duplicates of its sandboxes' fds while it acts for them: let it
+    use its whole hard limit rather than the 1,024 soft default."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
 
 
 _instance: Supervisor | None = None

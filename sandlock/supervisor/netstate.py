@@ -117,13 +117,11 @@ class NetState:
         from netpolicy.dns_proxy import DnsContext
         pid = req.pid
 
-        def on_decision(name, allowed):
-            if self.audit is not None and (not allowed or self.audit.log_allowed):
+        def on_decision(name, refusal):
+            if self.audit is not None and (refusal or self.audit.log_allowed):
                 from .network import argv_of
-                self.audit.record(decision="allow" if allowed else "deny", pid=pid,
+                self.audit.record(decision="deny" if refusal else "allow", pid=pid,
                                   argv=argv_of(pid), syscall="dns", protocol="dns", host=name,
-                                  rule="default:dns" if not allowed else "dns",
-                                  reason=None if allowed else
-                                  f"DNS query for {name}: no rule allows that name")
+                                  rule="default:dns" if refusal else "dns", reason=refusal)
         return DnsContext(lambda n: self.policy.name_allowed(n) is not None, self.resolver,
                           self.pins, on_decision)

@@ -26,6 +26,7 @@ import threading
 from netpolicy.endpoint import canonical_address
 
 from .._kernel import procstat, sockets
+from .._kernel.interrupt import interrupt
 from .._kernel.fileops import AT_FDCWD
 from ..fs_rules import is_beneath
 from .request import Denied
@@ -62,23 +63,37 @@ class Inject:
 
 
 class Guard:
-    """The fds an on-behalf call uses: our duplicate socket first, then any others.
+    """The fds an on-behalf call uses: our duplicate socket first, then any others, and the
+    worker thread running it.
 
-    abort() shuts the socket down, which wakes a blocked connect/send at once, so no worker
-    waits on a peer for a sandbox that no longer exists. close() releases every fd exactly
-    once. The lock makes sure a socket is never shut down after it was closed (its number
-    could have been reused)."""
+    A worker runs the call between enter() and leave(). abort() (the caller's task is gone)
+    marks the call cancelled and wakes the worker if it is blocked in a syscall
+    (_kernel.interrupt: the call returns EINTR); the loop repeats abort() at every check
+    until the worker has left, so a signal that arrived just before the worker blocked
+    cannot leave it blocked. No on-behalf call outlives its caller. close() releases every
+    fd exactly once, and never while the worker may still use them."""
 
     def __init__(self, fd: int, others=None):
         self.fd = fd
         self.others = others if others is not None else []
         self._lock = threading.Lock()
         self._closed = False
+        self._thread: int | None = None
+        self.cancelled = False
+
+    def enter(self) -> None:
+        with self._lock:
+            self._thread = threading.get_ident()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._thread = None
 
     def abort(self) -> None:
         with self._lock:
-            if not self._closed:
-                sockets.shutdown(self.fd)
+            self.cancelled = True
+            if self._thread is not None:
+                interrupt(self._thread)
 
     def close(self) -> None:
         with self._lock:
@@ -86,7 +101,8 @@ class Guard:
                 return
             self._closed = True
             for fd in (self.fd, *self.others):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
 
 
 AF_UNSPEC, AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 0, 1, 2, 10, 16
