@@ -12,11 +12,21 @@ host and path as plain HTTP is, and its Host and the TLS server name (SNI) must 
 the connection's target. The request is forwarded with the normalised path that was
 matched (netpolicy.http_path). A policy that cannot be read stops the proxy from serving:
 every request is refused until it is fixed.
+
+One destination, many names: a request is also judged under every name its target's
+addresses are known by among the hosts the rules name (resolved with the system resolver,
+cached for NAMES_TTL), and under the addresses themselves, so an IP-literal URL cannot walk
+past a deny rule that names the host (netpolicy.http_rules).
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import os
+import socket
+import threading
+import time
 
 from urllib.parse import parse_qs
 
@@ -50,6 +60,50 @@ def load_http_policy(path: str) -> tuple[HttpPolicy, str | None]:
     return policy, audit
 
 
+NAMES_TTL = 30.0
+
+
+class _Names:
+    """Addresses of targets and of the rules' host names, resolved off the event loop and
+    cached; `aliases(host)` are the other names of host's addresses."""
+
+    def __init__(self, policy: HttpPolicy):
+        self.names = policy.named_hosts()
+        self._cache: dict[str, tuple[float, frozenset]] = {}
+        self._lock = threading.Lock()
+
+    def _addresses(self, host: str) -> frozenset:
+        try:
+            return frozenset({ipaddress.ip_address(host.strip("[]"))})
+        except ValueError:
+            pass
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(host)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+            found = frozenset(ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos)
+        except (OSError, ValueError):
+            found = frozenset()
+        with self._lock:
+            self._cache[host] = (now + NAMES_TTL, found)
+        return found
+
+    def aliases(self, host: str) -> tuple[str, ...]:
+        mine = self._addresses(host)
+        out = [n for n in self.names if n != host and self._addresses(n) & mine]
+        out += [str(a) for a in mine if str(a) != host.strip("[]")]
+        return tuple(out)
+
+
+async def _aliases(names: "_Names | None", host: str) -> tuple[str, ...]:
+    if names is None:
+        return ()
+    return await asyncio.get_running_loop().run_in_executor(None, names.aliases, host)
+
+
 def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
     flow.response = http.Response.make(
         status, f"sandlock: {reason}\n".encode(),
@@ -59,6 +113,7 @@ def _refuse(flow: http.HTTPFlow, status: int, reason: str) -> None:
 class SandlockGateway:
     def __init__(self):
         self.policy: HttpPolicy | None = None
+        self.names: _Names | None = None
         self.audit: AuditLog | None = None
         self.error = "no sandlock_policy set"
 
@@ -73,6 +128,7 @@ class SandlockGateway:
             return
         try:
             self.policy, audit_path = load_http_policy(ctx.options.sandlock_policy)
+            self.names = _Names(self.policy)
             self.audit = AuditLog(audit_path) if audit_path else None
             self.error = None
         except ValueError as e:
@@ -96,11 +152,11 @@ class SandlockGateway:
     def udp_start(self, flow) -> None:
         flow.kill()
 
-    def http_connect(self, flow: http.HTTPFlow) -> None:
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
         if self.policy is None:
             return _refuse(flow, 403, f"gateway has no policy ({self.error})")
         host = flow.request.host.lower().rstrip(".")
-        verdict = decide_tls_host(self.policy, host)
+        verdict = decide_tls_host(self.policy, host, await _aliases(self.names, host))
         ports = {int(p) for p in ctx.options.sandlock_connect_ports.split(",") if p.strip()}
         if flow.request.port not in ports:
             verdict = type(verdict)(False, "default:connect",
@@ -112,7 +168,7 @@ class SandlockGateway:
                          port=flow.request.port, rule=verdict.rule, reason=verdict.reason)
             _refuse(flow, 403, verdict.reason)
 
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
         if self.policy is None:
             return _refuse(flow, 403, f"gateway has no policy ({self.error})")
         req = flow.request
@@ -151,7 +207,8 @@ class SandlockGateway:
             return _refuse(flow, 400, f"refused path: {e}")
         qs = parse_qs(query, keep_blank_values=True) if query else {}
         headers = {k.lower(): req.headers.get_all(k) for k in req.headers}
-        verdict = self.policy.decide(method, host, path, qs, headers)
+        verdict = self.policy.decide(method, host, path, qs, headers,
+                                     await _aliases(self.names, host))
         if not verdict.allowed:
             self._record(flow, "deny", path=path, rule=verdict.rule, reason=verdict.reason,
                          **fields)

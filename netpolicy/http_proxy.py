@@ -161,6 +161,14 @@ def check_destination(ctx: HttpContext, host: str) -> None:
                            f"(domain fronting is refused)", "default:destination")
 
 
+def aliases(ctx: HttpContext, host: str) -> tuple[str, ...]:
+    """Every other name the connection's destination is known by: the names that resolved
+    to its address in this sandbox, and the address itself (http_rules' module note)."""
+    out = dict.fromkeys((*ctx.names_for(ctx.address), str(ctx.address)))
+    out.pop(host, None)
+    return tuple(out)
+
+
 def _decide_connect(ctx: HttpContext, req: h11.Request) -> Decided:
     """CONNECT through an allowed HTTP proxy: only when the policy allows tunnels, and then
     decided on the tunnel's host alone (what passes inside is not inspected)."""
@@ -219,7 +227,7 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
     hdrs: dict[str, list[str]] = {}
     for n, v in headers:
         hdrs.setdefault(n.decode("latin-1"), []).append(v.decode("latin-1"))
-    verdict = ctx.policy.decide(method, host, path, qs, hdrs)
+    verdict = ctx.policy.decide(method, host, path, qs, hdrs, aliases(ctx, host))
     if not verdict.allowed:
         raise Refusal(403, verdict.reason, verdict.rule, method=method, host=host, path=path)
     forwarded = path + ("?" + query if query is not None else "")
@@ -363,7 +371,7 @@ class HttpFilterProxy:
             return
         try:
             check_destination(ctx, sni)
-            verdict = decide_tls_host(ctx.policy, sni)
+            verdict = decide_tls_host(ctx.policy, sni, aliases(ctx, sni))
             # Intercepted, a rule that needs the request is applied to each request; only
             # a host no rule can admit (or a host-wide deny) is refused here.
             if not verdict.allowed and not (ctx.intercept is not None

@@ -16,6 +16,13 @@ ends in `*`; no path = `/*`. Structured form (YAML):
       headers: {accept: application/json}   # optional, names case-insensitive
 
 Deny rules are checked first; with allow rules present a request passes only if one matches.
+
+One destination, many names: a request is judged under its Host (or SNI) *and* under every
+other name its destination is known by (`aliases`: the names that resolved to its address
+in this sandbox, and the address itself). A deny rule naming any of them applies, so
+`Host: 127.0.0.1` or `[::ffff:127.0.0.1]` cannot walk past `* api.test/admin*` on a
+connection to api.test's address. Allow rules are matched on the Host spelling only (the
+narrower reading).
 """
 
 from __future__ import annotations
@@ -178,16 +185,33 @@ class HttpPolicy:
     allow: tuple[HttpRule, ...] = ()
     deny: tuple[HttpRule, ...] = ()
 
+    def named_hosts(self) -> tuple[str, ...]:
+        """The host names (not addresses, not wildcards) the rules name: resolved by the
+        caller so that their addresses are judged under them too."""
+        import ipaddress
+        out = []
+        for rule in (*self.allow, *self.deny):
+            if rule.host is None or rule.wildcard is not None:
+                continue
+            try:
+                ipaddress.ip_address(rule.host)
+            except ValueError:
+                out.append(rule.host)
+        return tuple(dict.fromkeys(out))
+
     @classmethod
     def from_rules(cls, allow=(), deny=()) -> "HttpPolicy":
         return cls(tuple(parse_http_rule(r) for r in allow),
                    tuple(parse_http_rule(r) for r in deny))
 
-    def decide(self, method: str, host: str, path: str, query=None, headers=None) -> HttpVerdict:
+    def decide(self, method: str, host: str, path: str, query=None, headers=None,
+               aliases=()) -> HttpVerdict:
         query, headers = query or {}, headers or {}
-        for rule in self.deny:
-            if rule.matches(method, host, path, query, headers):
-                return HttpVerdict(False, rule.spec, f"denied by {rule.spec}")
+        for name in (host, *aliases):
+            for rule in self.deny:
+                if rule.matches(method, name, path, query, headers):
+                    via = f" (the destination is also known as {name})" if name != host else ""
+                    return HttpVerdict(False, rule.spec, f"denied by {rule.spec}{via}")
         if not self.allow:
             return HttpVerdict(True, "default:allow", "no allow rules")
         for rule in self.allow:
@@ -210,16 +234,20 @@ def _host_wide(rule: HttpRule) -> bool:
             and not rule.query and not rule.headers)
 
 
-def decide_tls_host(policy: HttpPolicy, host: str) -> HttpVerdict:
+def decide_tls_host(policy: HttpPolicy, host: str, aliases=()) -> HttpVerdict:
     """A TLS connection seen only by its SNI: the host is all there is to decide on. A rule
     for this host that needs method, path, query or headers cannot be enforced without
-    interception, so it refuses the connection (a deny rule) or does not allow it."""
-    for rule in policy.deny:
-        if _host_matches(rule, host):
-            if _host_wide(rule):
-                return HttpVerdict(False, rule.spec, f"denied by {rule.spec}")
-            return HttpVerdict(False, rule.spec, f"{rule.spec} needs the request itself: "
-                                                 f"HTTPS interception is required", True)
+    interception, so it refuses the connection (a deny rule) or does not allow it. Deny
+    rules apply under the SNI and every alias of the destination (see the module note)."""
+    for name in (host, *aliases):
+        for rule in policy.deny:
+            if _host_matches(rule, name):
+                via = f" (the destination is also known as {name})" if name != host else ""
+                if _host_wide(rule):
+                    return HttpVerdict(False, rule.spec, f"denied by {rule.spec}{via}")
+                return HttpVerdict(False, rule.spec, f"{rule.spec} needs the request "
+                                                     f"itself: HTTPS interception is "
+                                                     f"required{via}", True)
     if not policy.allow:
         return HttpVerdict(True, "default:allow", "no allow rules")
     partial = None

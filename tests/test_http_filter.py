@@ -440,6 +440,87 @@ def test_https_path_rule_without_interception_is_refused_and_says_why(tls_upstre
     assert "interception is required" in rec["reason"]
 
 
+# -- one destination, many names (review finding 4) ---------------------------------------
+
+def test_ip_literal_host_meets_the_deny_rules_of_the_name(upstream, tmp_path):
+    """Host: 127.0.0.1 or [::ffff:127.0.0.1] on a connection to api.test's address is judged
+    under api.test too: /admin and POST never reach the server; GET /public does."""
+    from dnsserver import TestDnsServer
+    up = upstream()
+    dns = TestDnsServer({"api.test": ["127.0.0.1"]})
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(net_allow=[f"api.test:{up.port}"], net_allow_private=True,
+                 dns_servers=[dns.address], http_allow=["GET *", "POST *"],
+                 http_deny=["* api.test/admin*", "POST api.test/*"], http_ports=[up.port],
+                 audit_log=str(log))
+    base = f"http://api.test:{up.port}"
+    outs = []
+    for host in (f"127.0.0.1:{up.port}", f"[::ffff:127.0.0.1]:{up.port}", "api.test"):
+        r = sb.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}\n", "-H",
+                    f"Host: {host}", f"{base}/admin/users", "-o", "/dev/null", "-d", "x=1",
+                    f"{base}/upload"], timeout=30)
+        outs.append(r.stdout.split())
+    assert outs == [[b"403", b"403"]] * 3, outs
+    r = sb.run(["curl", "-s", "-H", f"Host: 127.0.0.1:{up.port}", f"{base}/public"], timeout=30)
+    assert r.stdout == b"hello /public"  # positive control
+    assert up.seen == [("GET", "/public", b"")]
+    denied = [rec for rec in _records(log) if rec["decision"] == "deny"]
+    assert len(denied) == 6 and all("api.test" in rec["reason"] for rec in denied)
+
+
+def test_sni_of_another_name_meets_the_deny_rules_of_the_name(tls_upstream, tmp_path):
+    """SNI-only HTTPS: the SNI other.test, on a connection to the address api.test also
+    resolved to, meets `* api.test` (the request never reaches the server); SNI 127.0.0.1
+    (a literal, which no TLS library sends, so the test writes it into the ClientHello)
+    meets it too. Without the deny rule the same request goes through (control)."""
+    from dnsserver import TestDnsServer
+    up, ca = tls_upstream
+    dns = TestDnsServer({"api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    log = tmp_path / "audit.jsonl"
+    common = dict(fs_readable=[ca], net_allow=[f"api.test:{up.port}", f"other.test:{up.port}"],
+                  net_allow_private=True, dns_servers=[dns.address], http_allow=["* *"],
+                  http_ports=[up.port], audit_log=str(log))
+    code = f"""
+import socket, ssl, sys
+ctx = ssl.create_default_context(cafile={ca!r})
+s = socket.create_connection(("127.0.0.1", {up.port}))
+try:
+    t = ctx.wrap_socket(s, server_hostname="other.test")
+    t.sendall(b"POST /x HTTP/1.1\\r\\nHost: other.test\\r\\nContent-Length: 1\\r\\n\\r\\nx")
+    print(t.recv(100))
+except (OSError, ssl.SSLError) as e:
+    print("refused", type(e).__name__)
+# A ClientHello whose server name is the literal 127.0.0.1
+ctx2 = ssl.create_default_context()
+ctx2.check_hostname, ctx2.verify_mode = False, ssl.CERT_NONE
+inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+obj = ctx2.wrap_bio(inc, out, server_hostname="xxxxxxxxx")
+try:
+    obj.do_handshake()
+except ssl.SSLWantReadError:
+    pass
+hello = out.read().replace(b"xxxxxxxxx", b"127.0.0.1")
+s = socket.create_connection(("127.0.0.1", {up.port}))
+s.sendall(hello)
+s.settimeout(5)
+try:
+    n = len(s.recv(100))
+except OSError:
+    n = 0
+print("literal", n)
+"""
+    r = run_py(sandbox(http_deny=["* api.test"], **common), code)
+    assert r.stdout.startswith(b"refused"), r
+    assert b"literal 0" in r.stdout  # closed by the filter, nothing relayed
+    assert up.seen == []
+    denied = [rec for rec in _records(log) if rec["decision"] == "deny"]
+    assert [rec["host"] for rec in denied] == ["other.test", "127.0.0.1"], denied
+    assert all("also known as api.test" in rec["reason"] for rec in denied)
+    r = run_py(sandbox(**common), code)  # control: no deny rule
+    assert r.stdout.startswith(b"b'HTTP/1.1 200"), r
+    assert up.seen == [("POST", "/x", b"x")]
+
+
 # -- YAML and CLI ------------------------------------------------------------------------
 
 def test_yaml_http_rules_and_errors_name_the_line(tmp_path, upstream):
@@ -700,6 +781,7 @@ def test_gateway_addon_under_real_mitmdump(upstream, tls_upstream, tmp_path):
     up = upstream()
     policy = tmp_path / "gw.yaml"
     policy.write_text("version: 1\nhttp:\n  allow: ['GET 127.0.0.1/ok/*']\n"
+                      "  deny: ['* localhost/ok/secret*']\n"
                       "audit:\n  file: gw-audit.jsonl\n")
     port = free_port()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -741,6 +823,10 @@ def test_gateway_addon_under_real_mitmdump(upstream, tls_upstream, tmp_path):
                  f"https://api.test:{tls_up.port}/ok/sni")
         assert b"TLS server name api.test differs" in r.stdout, r.stderr
         assert tls_up.seen == []
+        # The target's address is localhost's (/etc/hosts): the deny rule naming localhost
+        # applies to the IP-literal URL too.
+        r = curl("-i", f"{base}/ok/secret-1")
+        assert r.stdout.startswith(b"HTTP/1.1 403") and b"localhost" in r.stdout, r.stdout
         r = curl("https://nowhere.test/")  # CONNECT to a host no rule admits
         assert r.returncode != 0 and b"403" in r.stderr
         assert up.paths() == ["/ok/1"]

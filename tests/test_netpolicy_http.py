@@ -100,3 +100,46 @@ def test_property_denied_after_normalisation_is_never_allowed(segments):
     assert "/../" not in path + "/" and "/./" not in path + "/" and "//" not in path
     verdict = policy.decide("GET", "x.test", path)
     assert verdict.allowed == (not path.startswith("/admin"))
+
+
+# -- one destination, many names (review finding 4) --------------------------------------
+
+ALIAS_POLICY = dict(allow=["GET *", "POST *"], deny=["* api.test/admin*", "POST api.test/*"])
+
+
+@pytest.mark.parametrize("method, host, path, aliases, allowed", [
+    ("GET", "api.test", "/admin/users", (), False),             # by name: denied
+    ("GET", "127.0.0.1", "/admin/users", ("api.test",), False),  # IP literal, known as api.test
+    ("POST", "127.0.0.1", "/x", ("api.test", "127.0.0.1"), False),
+    ("GET", "other.test", "/admin", ("api.test",), False),      # another name, same address
+    ("GET", "127.0.0.1", "/admin/users", (), True),             # nothing known: spelling only
+    ("GET", "127.0.0.1", "/public", ("api.test",), True),        # control: not denied
+    ("POST", "other.test", "/x", ("unrelated.test",), True),
+])
+def test_deny_rules_apply_under_every_name_of_the_destination(method, host, path, aliases,
+                                                              allowed):
+    from netpolicy.http_rules import HttpPolicy
+    v = HttpPolicy.from_rules(**ALIAS_POLICY).decide(method, host, path, aliases=aliases)
+    assert v.allowed is allowed, v
+    if not allowed and aliases:
+        assert "api.test" in v.reason
+
+
+@pytest.mark.parametrize("sni, aliases, allowed, fragment", [
+    ("api.test", (), False, "denied by"),
+    ("127.0.0.1", ("api.test",), False, "denied by"),
+    ("127.0.0.1", ("admin.test",), False, "interception is required"),
+    ("127.0.0.1", ("other.test",), True, "allowed"),
+])
+def test_tls_deny_rules_apply_under_every_name(sni, aliases, allowed, fragment):
+    from netpolicy.http_rules import HttpPolicy, decide_tls_host
+    policy = HttpPolicy.from_rules(["* *"], ["* api.test", "GET admin.test/x"])
+    v = decide_tls_host(policy, sni, aliases)
+    assert v.allowed is allowed and fragment in v.reason, v
+
+
+def test_named_hosts_are_the_concrete_names_only():
+    from netpolicy.http_rules import HttpPolicy
+    p = HttpPolicy.from_rules(["GET api.test/x", "* *.wild.test", "GET 127.0.0.1/"],
+                              ["* admin.test", "* *"])
+    assert p.named_hosts() == ("api.test", "admin.test")

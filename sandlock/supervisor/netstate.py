@@ -51,6 +51,10 @@ class NetState:
                 self.ca_bundle = self.interceptor.publish(spec.public_dir)
         self.audit = audit
         self.dns_enabled = bool(self.policy.hostnames)
+        # Where names are resolved at all, the hosts HTTP rules name are resolved too (best
+        # effort), so that a request reaching one of their addresses is judged under that
+        # name as well (netpolicy.http_rules).
+        self.http_names = self.http.named_hosts() if self.http is not None else ()
         self.resolver = self.pins = None
         self.dns_servers: set = set()
         self._stop = threading.Event()
@@ -75,11 +79,19 @@ class NetState:
 
     def start(self) -> None:
         """Resolve every exact host name now (a name that does not resolve is an error
-        that names it), then keep the answers fresh as their TTLs run out."""
-        if not self.dns_enabled:
+        that names it), and the names HTTP rules use (best effort), then keep the answers
+        fresh as their TTLs run out."""
+        if self.resolver is None:
             return
         names = [r.host for r in self.policy.hostnames if r.wildcard is None]
         ttls = [self.pin(n) for n in names]
+        for n in self.http_names:
+            if n not in names:
+                try:
+                    ttls.append(self.pin(n))
+                    names.append(n)
+                except Exception:  # still judged by its spelling; it resolves to nothing now
+                    pass
         if names:
             # The thread holds only a weak reference: it ends with this NetState (the
             # Sandbox dropped or changed), not with the process.
