@@ -512,3 +512,82 @@ def test_orphans_are_still_frozen_after_the_program_exits(tmp_path):
         assert seen == [("/bin/echo", "orphan-ran")]
     finally:
         proc.close()
+
+
+# -- the kernel writes into argv after it was read (review finding 1) --------------------
+
+@pytest.fixture(scope="module")
+def killed_sibling(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sibling")
+    exe = d / "exec_killed_sibling"
+    subprocess.run(["gcc", "-O2", "-o", str(exe),
+                    os.path.join(HERE, "helpers", "exec_killed_sibling.c")], check=True)
+    os.chmod(d, 0o755)
+    return str(exe)
+
+
+def test_argv_zeroed_by_a_killed_sibling_never_runs(killed_sibling, tmp_path):
+    """A CLONE_VM sibling, frozen, is killed by its own timer while the callback decides;
+    its exit path zeroes argv[4] (GUARD) before the kernel re-reads argv. The callback saw
+    GUARD and allowed; the kernel would run the command without it. Verified after the
+    exec: the process is killed before its first instruction, the refusal recorded, the
+    marker never written. Without the sibling the same exec runs (control)."""
+    os.chmod(tmp_path, 0o777)
+    seen = []
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.argv and event.argv[0] == "/bin/sh":
+            seen.append(event.argv)
+            if event.argv[-1] != "GUARD":
+                return errno.EPERM
+            time.sleep(0.3)  # a slow decision: the sibling's timer fires meanwhile
+        return None
+    sb = sandbox(fs_readable=[killed_sibling], fs_writable=[str(tmp_path)], policy_fn=fn,
+                 policy_fn_events=["exec"])
+    for i in range(5):
+        marker = tmp_path / f"m{i}"
+        r = sb.run([killed_sibling, str(marker), "100"], timeout=30)
+        assert not marker.exists(), (i, r)
+        assert r.signal == 9, r
+        assert any("not the one judged" in d["reason"] for d in r.denials), r.denials
+    assert all(argv[-1] == "GUARD" for argv in seen)  # the callback only saw GUARD
+    marker = tmp_path / "control"
+    r = sb.run([killed_sibling, str(marker), "100", "nosibling"], timeout=30)
+    assert r.success and marker.read_text() == "ran\n", r
+    assert r.denials == []
+
+
+SCRIPT_EXECS = r"""
+import os, sys
+d = sys.argv[1]
+script = os.path.join(d, "tool.sh")
+open(script, "w").write("#!/bin/sh\necho script:$0:$1:$2\n")
+os.chmod(script, 0o755)
+env = os.path.join(d, "tool.py")
+open(env, "w").write("#!/usr/bin/env python3\nimport sys; print('env', sys.argv[1:])\n")
+os.chmod(env, 0o755)
+for argv in ([script, "a", "b"], [env, "x"], ["/bin/echo", "plain"], [script]):
+    pid = os.fork()
+    if pid == 0:
+        os.execv(argv[0], argv)
+    os.waitpid(pid, 0)
+fd = os.open("/bin/echo", os.O_RDONLY)
+pid = os.fork()
+if pid == 0:
+    os.execve(fd, ["echo", "fexecve"], {})
+os.waitpid(pid, 0)
+"""
+
+
+def test_verified_execs_of_scripts_interpreters_and_fds_still_run(tmp_path):
+    """The after-exec check accepts what the kernel legitimately builds: #! scripts (the
+    interpreter, the file name, the rest of argv), env chains, fexecve."""
+    os.chmod(tmp_path, 0o777)
+    sb = sandbox(fs_writable=[str(tmp_path)], policy_fn=lambda e, c: None,
+                 policy_fn_events=["exec"])
+    r = run_py(sb, SCRIPT_EXECS, str(tmp_path))
+    assert r.success, r
+    script = str(tmp_path / "tool.sh")
+    assert r.stdout.decode().splitlines() == [
+        f"script:{script}:a:b", "env ['x']", "plain", f"script:{script}::", "fexecve"]
+    assert r.denials == []

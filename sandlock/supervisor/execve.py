@@ -1,13 +1,19 @@
-"""execve and execveat under a policy_fn: the argv the callback judges is the argv the
-kernel runs.
+"""execve and execveat under a policy_fn: no argv the callback refused ever runs.
 
 exec cannot be performed on the sandbox's behalf, so the call is let through with
-CONTINUE. That is safe only because the whole sandbox is frozen first (supervisor.freeze):
-argv and the program's path are read after the freeze is complete, and the freeze lasts
-until the exec has returned, so the kernel's re-read sees exactly what was checked. The
-freeze stops the sandbox's tasks, not other processes: argv held in memory that a process
-outside the sandbox could write (a shared file mapping, a memfd, SysV shared memory) is
-refused. Shared anonymous memory is shared only with forks of its creator, all frozen.
+CONTINUE, under a freeze of the whole sandbox (supervisor.freeze): argv and the program's
+path are read, resolved and judged with every task stopped. A freeze does not stop the
+kernel, though: a frozen task that is killed still has its exit path write into memory it
+registered earlier (clear_child_tid, robust futex lists), and a CLONE_VM sibling could
+thus change argv between our read and the kernel's. So the decision is verified after the
+exec, on the new program's own memory, which nothing else shares: while it is stopped at
+its PTRACE_EVENT_EXEC (before its first instruction), its argv (/proc/PID/cmdline) and
+executable (/proc/PID/exe, by device and inode) must be the ones judged — the file the
+path reached, or for a `#!` script its interpreter with the argv the kernel builds — and
+outside deny_path; otherwise the process is killed there and the refusal recorded.
+
+argv held in memory that a process outside the sandbox could write (a shared file mapping,
+a memfd, SysV shared memory) is refused before the exec.
 """
 
 from __future__ import annotations
@@ -77,69 +83,163 @@ def shared_memory_refusal(pid: int, ranges: list) -> str | None:
     return None
 
 
-def _program_paths(req, tgid: int, dirfd: int, path_arg: int, flags: int) -> list[str]:
-    """The file the exec runs, resolved as the caller would (the sandbox is frozen), and
-    the interpreter of a `#!` script, which the kernel opens without a syscall."""
+class Judged:
+    """What an exec was judged on, to compare with what the kernel ran (`verify`)."""
+
+    def __init__(self):
+        self.argv: tuple[bytes, ...] = ()
+        self.filename = b""              # the kernel's bprm->filename for this call
+        self.program = None              # (st_dev, st_ino) of the file the path reached
+        self.interpreters: set = set()   # ... of the #! interpreters it names, in a chain
+        self.event = None                # the SyscallEvent the callback saw
+
+
+MAX_INTERPRETERS = 4  # the kernel's BINPRM_MAX_RECURSION
+
+
+def _identity(st) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _program(req, tgid: int, dirfd: int, path: bytes, flags: int, judged: Judged) -> list:
+    """Resolve the file the exec runs as the caller would (the sandbox is frozen), and the
+    interpreters of a `#!` chain, which the kernel opens without a syscall; fill `judged`
+    with their identities. Returns their paths (for deny_path)."""
     from .._kernel.fileops import AT_FDCWD
-    path = os.fsdecode(req.read_path(path_arg)) if req.args[path_arg] else ""
-    if not path:
+    text = os.fsdecode(path)
+    if dirfd == AT_FDCWD or text.startswith("/"):
+        judged.filename = path
+    elif not text:
+        judged.filename = b"/dev/fd/%d" % dirfd
+    else:
+        judged.filename = b"/dev/fd/%d/%s" % (dirfd, path)
+    if not text:
         if not flags & AT_EMPTY_PATH:
             return []
-        real = directory_of(req.pid, dirfd, AT_FDCWD)  # the fd itself
+        fd = req.dup_fd(dirfd)  # fexecve: the fd itself, whatever its name
+        try:
+            judged.program = _identity(os.fstat(fd))
+        finally:
+            os.close(fd)
+        real = directory_of(req.pid, dirfd, AT_FDCWD)
     else:
-        base = "/" if path.startswith("/") else directory_of(req.pid, dirfd, AT_FDCWD)
-        real = resolve(tgid, req.pid, base, path,
-                       follow_last=not flags & AT_SYMLINK_NOFOLLOW)
-    if real is None:
-        return []  # the exec fails in the kernel as well
+        base = "/" if text.startswith("/") else directory_of(req.pid, dirfd, AT_FDCWD)
+        real = resolve(tgid, req.pid, base, text, follow_last=not flags & AT_SYMLINK_NOFOLLOW)
+        if real is None:
+            return []  # the exec fails in the kernel as well
+        try:
+            judged.program = _identity(os.stat(real))
+        except OSError:
+            return [real]
     out = [real]
-    interp = interpreter_of(real)
-    if interp is not None:
+    for _ in range(MAX_INTERPRETERS):
+        interp = interpreter_of(out[-1])
+        if interp is None:
+            break
         resolved = resolve(tgid, req.pid, "/", interp, follow_last=True)
-        if resolved is not None:
-            out.append(resolved)
+        if resolved is None:
+            break
+        try:
+            judged.interpreters.add(_identity(os.stat(resolved)))
+        except OSError:
+            break
+        out.append(resolved)
     return out
 
 
 def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, argv_arg: int,
-            flags: int):
+            flags: int, judged: Judged):
     from .runtime import SyscallEvent
     rt = session.runtime
     ranges: list = []
     argv = read_argv(req, req.args[argv_arg], ranges)
     tgid, ppid = req.process_ids()
+    judged.argv = tuple(os.fsencode(a) for a in argv)
+    judged.event = event = SyscallEvent(name, "process", tgid, ppid, argv=argv)
     refusal = shared_memory_refusal(req.pid, ranges)
     if refusal is not None:
-        rt.record(SyscallEvent(name, "process", tgid, ppid, argv=argv), "deny", refusal,
-                  errno.EPERM)
+        rt.record(event, "deny", refusal, errno.EPERM)
         raise Denied(errno.EPERM, refusal)
-    if rt.denied_paths:
-        try:
-            reals = _program_paths(req, tgid, dirfd, path_arg, flags)
-        except Unresolvable as e:
+    path = req.read_path(path_arg) if req.args[path_arg] else b""
+    try:
+        reals = _program(req, tgid, dirfd, path, flags, judged)
+    except Unresolvable as e:
+        if rt.denied_paths:
             raise Denied(errno.EACCES, f"deny_path is active and {e}") from None
-        refusal = next((r for r in map(rt.path_refusal, reals) if r is not None), None)
-        if refusal is not None:
-            rt.record(SyscallEvent(name, "process", tgid, ppid, argv=argv), "deny", refusal,
-                      errno.EACCES)
-            raise Denied(errno.EACCES, refusal)
+        reals = []  # the program is then identified only after the exec (verify)
+    refusal = next((r for r in map(rt.path_refusal, reals) if r is not None), None)
+    if refusal is not None:
+        rt.record(event, "deny", refusal, errno.EACCES)
+        raise Denied(errno.EACCES, refusal)
     if not req.still_valid():
         raise Denied(errno.ESRCH, "the calling task is gone")
     if "exec" in rt.events:
-        verdict = rt.decide(SyscallEvent(name, "process", tgid, ppid, argv=argv))
+        verdict = rt.decide(event)
         if not verdict.allow:
             raise Denied(verdict.errno, verdict.reason)
     return CONTINUE
 
 
+def _ran(tgid: int, judged: Judged) -> str | None:
+    """Why what the kernel ran differs from what was judged, or None. Read from the new
+    program's own memory and /proc entries: after an exec nothing else shares them, and
+    the program is stopped before its first instruction."""
+    try:
+        with open(f"/proc/{tgid}/cmdline", "rb") as f:
+            raw = f.read()
+        exe = _identity(os.stat(f"/proc/{tgid}/exe"))
+    except OSError as e:
+        return f"the new program could not be checked ({e.strerror})"
+    ran = tuple(raw[:-1].split(b"\0")) if raw.endswith(b"\0") else tuple(raw.split(b"\0"))
+    want = judged.argv or (b"",)  # an empty argv gets "" from the kernel
+    if exe == judged.program:
+        if ran != want:
+            return "the argv the kernel ran is not the one judged"
+        return None
+    if exe in judged.interpreters:
+        # A #! script: the kernel runs [interpreter, (its argument), filename, argv[1:]...].
+        rest = len(want) - 1
+        head, tail = ran[:len(ran) - rest], ran[len(ran) - rest:]
+        if tail != want[1:] or len(head) < 2 or head[-1] != judged.filename:
+            return "the argv the kernel ran is not the one judged"
+        return None
+    return "the program the kernel ran is not the one judged"
+
+
+def _verify(session, req, judged: Judged, outcome: str) -> str | None:
+    """After the released exec: refuse (the caller is killed) a program or argv other than
+    the ones judged, and a program deny_path covers. Recorded with the reason."""
+    if outcome != "exec" or judged.event is None:
+        return None
+    rt = session.runtime
+    tgid = judged.event.pid
+    refusal = _ran(tgid, judged)
+    if refusal is None:
+        try:
+            refusal = rt.path_refusal(os.readlink(f"/proc/{tgid}/exe"))
+        except OSError as e:
+            refusal = f"the new program could not be checked ({e.strerror})"
+    if refusal is not None:
+        refusal += "; the process was killed before its first instruction"
+        rt.record(judged.event, "deny", refusal, errno.EPERM)
+        session.record_denial(req, judged.event.syscall, errno.EPERM, refusal)
+    return refusal
+
+
+def _frozen(req: Request, session, name: str, dirfd: int, path_arg: int, argv_arg: int,
+            flags: int) -> Frozen:
+    judged = Judged()
+    return Frozen(lambda: _decide(req, session, name, dirfd, path_arg, argv_arg, flags, judged),
+                  lambda outcome: _verify(session, req, judged, outcome))
+
+
 def execve(req: Request, session):
     from .._kernel.fileops import AT_FDCWD
-    return Frozen(lambda: _decide(req, session, "execve", AT_FDCWD, 0, 1, 0))
+    return _frozen(req, session, "execve", AT_FDCWD, 0, 1, 0)
 
 
 def execveat(req: Request, session):
-    return Frozen(lambda: _decide(req, session, "execveat", req.arg_int(0), 1, 2,
-                                  req.arg_int(4)))
+    return _frozen(req, session, "execveat", req.arg_int(0), 1, 2, req.arg_int(4))
 
 
 HANDLERS = {"execve": execve, "execveat": execveat}

@@ -111,9 +111,11 @@ class Freeze:
         self.seized: dict[int, int] = {}  # tid -> pid
         self.frozen: set[int] = set()
 
-    def run(self, body, respond) -> None:
+    def run(self, body, respond, after=None) -> None:
         """Freeze, then `respond(body())`; when the response lets the call through
-        (`body` returns a truthy `passes`), wait for the call to return before thawing.
+        (`body` returns a truthy `passes`), wait for the call to return, then (before
+        thawing anything) ask `after(outcome)` whether its effect is what was judged: a
+        refusal kills the caller's process while it is still stopped (network.Frozen).
 
         `body()` returns (response, passes). A FreezeError before `body` runs denies."""
         outcome: list = []
@@ -127,12 +129,15 @@ class Freeze:
                 if passes:
                     self.deadline = time.monotonic() + self.limit
                     try:
-                        self._await_return()
+                        returned = self._await_return()
+                        refusal = after(returned) if after is not None else None
                     except BaseException:
-                        # Released but not seen to return: the caller must not run on
-                        # beside tasks about to be thawed.
+                        # Released but not seen to return (or not verified): the caller
+                        # must not run on beside tasks about to be thawed.
                         self._kill_caller()
                         raise
+                    if refusal is not None:
+                        self._kill_caller()
             except BaseException as e:  # reported to the worker, which denies
                 outcome.append(e)
 
@@ -212,12 +217,14 @@ class Freeze:
 
     # -- after the response --
 
-    def _await_return(self) -> None:
+    def _await_return(self) -> str:
         """Wait until the released call has returned to the caller (its pending interrupt
-        then stops it) or the caller is gone. Other tracees are waited for too: an exec
-        ends the caller's other threads, and a traced thread's exit completes only once
-        its tracer has collected it. Polled, never a blocking wait: every wait is bounded,
-        and a stop taken by someone else's wait(-1) cannot hang this thread."""
+        then stops it) or the caller is gone: "exec" when an exec succeeded (the new
+        program is stopped before its first instruction), "returned" or "gone". Other
+        tracees are waited for too: an exec ends the caller's other threads, and a traced
+        thread's exit completes only once its tracer has collected it. Polled, never a
+        blocking wait: every wait is bounded, and a stop taken by someone else's wait(-1)
+        cannot hang this thread."""
         watch = [self.caller] if self.caller == self.tgid else [self.caller, self.tgid]
         others = [t for t in self.seized if t not in watch]
         killed = False
@@ -230,24 +237,25 @@ class Freeze:
                 if event is None:
                     continue
                 kind, detail = event
+                if kind == "stop" and detail == ptrace.PTRACE_EVENT_EXEC:
+                    return "exec"  # the caller, or a non-leader that took the leader's id
                 if tid == self.caller and kind != "gone":
-                    return
-                if tid == self.tgid and tid != self.caller and (
-                        kind != "stop" or detail == ptrace.PTRACE_EVENT_EXEC):
-                    return  # a non-leader exec'd and took the leader's id, or all exited
+                    return "returned" if kind == "stop" else "gone"
+                if tid == self.tgid and tid != self.caller and kind != "stop":
+                    return "gone"  # all exited
                 if kind == "gone" and len(watch) == 1:
-                    return
+                    return "gone"
                 if kind == "gone":
                     watch = [t for t in watch if t != tid]
             if time.monotonic() > self.deadline:
                 if killed and time.monotonic() > self.deadline + 1.0:
-                    return  # SIGKILL cannot be refused: the process is dying
+                    return "gone"  # SIGKILL cannot be refused: the process is dying
                 if not killed:
                     killed = True
                     try:
                         os.kill(self.tgid, signal.SIGKILL)
                     except ProcessLookupError:
-                        return
+                        return "gone"
             time.sleep(delay)
             delay = min(_POLL, delay * 2 or 0.00002)
 

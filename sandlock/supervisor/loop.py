@@ -422,7 +422,7 @@ class Supervisor:
                     tgid = thread_group(req.pid)
                     Freeze(session, req, tgid, FREEZE_LIMIT,
                            session.runtime.timeout if session.runtime else 0.0
-                           ).run(body, respond)
+                           ).run(body, respond, frozen.after)
                 except (FreezeError, OSError) as e:
                     if not responded:
                         self._deny_unfrozen(req, session, name, str(e))

@@ -46,11 +46,21 @@ class Defer:
 
 class Frozen:
     """Handler result: freeze the sandbox (supervisor.freeze), then decide with `body()`,
-    which may read the caller's memory and return CONTINUE: nothing can change what it read
-    before the kernel has re-read it."""
+    which may read the caller's memory and return CONTINUE.
 
-    def __init__(self, body):
+    The freeze stops every task of the sandbox, but not the kernel: a task killed while
+    frozen still has its exit path write into memory it registered earlier (its
+    clear_child_tid, its robust futex list), so what the kernel re-reads may differ from
+    what `body` read. Hence `after(outcome)`: once a call let through has returned, and
+    while everything is still frozen, it verifies the call's effect on state no other task
+    can change (the new program's own argv and executable after an exec; the fd an open
+    installed; the address a bind took) and returns a refusal reason if it is not what was
+    judged. The caller's process is then killed before it runs again (freeze.Freeze.run).
+    `outcome` is "exec" (an exec succeeded), "returned" or "gone"."""
+
+    def __init__(self, body, after=None):
         self.body = body
+        self.after = after
 
 
 class Inject:
