@@ -173,7 +173,8 @@ _compiled: dict[tuple, bytes] = {}
 # What a policy_fn observes, by event kind (sandlock.supervisor.runtime.EVENT_KINDS).
 RUNTIME_SYSCALLS = {
     "exec": ("execve", "execveat"),
-    "file": ("execve", "execveat", "open", "openat", "creat"),
+    "file": ("execve", "execveat", "open", "openat", "creat", "link", "linkat", "rename",
+             "renameat", "renameat2", "symlink", "symlinkat"),
     "process": ("clone", "fork", "vfork", "exit_group"),
     "network": ("bind",),
 }

@@ -591,3 +591,91 @@ def test_verified_execs_of_scripts_interpreters_and_fds_still_run(tmp_path):
     assert r.stdout.decode().splitlines() == [
         f"script:{script}:a:b", "env ['x']", "plain", f"script:{script}::", "fexecve"]
     assert r.denials == []
+
+
+DENY_PATH_BYPASSES = r"""
+import ctypes, os, struct, sys
+root = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(what, fn):
+    try:
+        out = fn()
+        print(what, "READ" if out else "OK")
+    except OSError as e:
+        print(what, e.errno)
+def openat2_in_root():
+    dirfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    how = struct.pack("<QQQ", os.O_RDONLY, 0, 0x10)  # RESOLVE_IN_ROOT
+    fd = libc.syscall(437, dirfd, b"/secret/key", how, len(how))
+    if fd < 0:
+        e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
+    return os.read(fd, 100)
+attempt("openat2", openat2_in_root)
+attempt("link", lambda: os.link(f"{root}/secret/key", f"{root}/work/k1"))
+attempt("link-read", lambda: open(f"{root}/work/k1").read())
+attempt("rename-dir", lambda: os.rename(f"{root}/secret", f"{root}/work/moved"))
+attempt("rename-read", lambda: open(f"{root}/work/moved/key").read())
+attempt("rename-file", lambda: os.rename(f"{root}/secret/key", f"{root}/work/k2"))
+attempt("old-hardlink", lambda: open(f"{root}/pub/old-hardlink").read())
+attempt("symlink", lambda: os.symlink(f"{root}/secret/key", f"{root}/work/sl"))
+attempt("control-link", lambda: os.link(f"{root}/pub/hello.txt", f"{root}/work/h"))
+attempt("control-read", lambda: open(f"{root}/work/h").read())
+attempt("control-rename", lambda: os.rename(f"{root}/work/h", f"{root}/work/h2"))
+"""
+
+
+def test_deny_path_decides_on_the_object(secret_tree):
+    """Review finding 6: openat2 with RESOLVE_IN_ROOT, a hard link or a rename of the
+    denied file or directory, or a hard link made before the run, reached the secret.
+    Now: openat2 is ENOSYS, new names for denied objects are refused, and an object is
+    refused under any name. Ordinary links and renames still work (control)."""
+    os.link(secret_tree / "secret" / "key", secret_tree / "pub" / "old-hardlink")
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.argv[:2] == (PY, "-c"):
+            ctx.deny_path(str(secret_tree / "secret"))
+    sb = sandbox(fs_writable=[str(secret_tree)], policy_fn=fn)
+    r = run_py(sb, DENY_PATH_BYPASSES, str(secret_tree))
+    out = dict(line.split(" ", 1) for line in r.stdout.decode().splitlines())
+    assert out == {"openat2": "38", "link": "13", "link-read": "2", "rename-dir": "13",
+                   "rename-read": "2", "rename-file": "13", "old-hardlink": "13",
+                   "symlink": "13", "control-link": "OK", "control-read": "READ",
+                   "control-rename": "OK"}, (out, r.stderr)
+    assert (secret_tree / "secret" / "key").read_text() == "TOPSECRET\n"  # still there
+    assert not (secret_tree / "work" / "moved").exists()
+    assert sum("deny_path" in d["reason"] for d in r.denials) >= 5
+
+
+@pytest.fixture(scope="module")
+def open_killed_sibling(tmp_path_factory):
+    d = tmp_path_factory.mktemp("opensibling")
+    exe = d / "open_killed_sibling"
+    subprocess.run(["gcc", "-O2", "-o", str(exe),
+                    os.path.join(HERE, "helpers", "open_killed_sibling.c")], check=True)
+    os.chmod(d, 0o755)
+    return str(exe)
+
+
+def test_open_path_zeroed_by_a_killed_sibling_reads_nothing_denied(open_killed_sibling,
+                                                                   secret_tree):
+    """The open's path is judged (it reaches nothing), then a killed CLONE_VM sibling's exit
+    path truncates it to ROOT/secret/key before the kernel re-reads it. The fd the open
+    installed is checked once it returned: the process is killed before it reads."""
+    slow = set()
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.argv and event.argv[-1] == "armed":
+            ctx.deny_path(str(secret_tree / "secret"))
+            slow.add(event.pid)
+        elif event.category == "file" and event.pid in slow:
+            time.sleep(0.25)  # a slow decision: the sibling's timer fires meanwhile
+        return None
+    sb = sandbox(fs_readable=[open_killed_sibling, str(secret_tree)], policy_fn=fn,
+                 policy_fn_events=["exec", "file"])
+    for i in range(3):
+        r = sb.run([open_killed_sibling, str(secret_tree), "100"], timeout=30)
+        assert b"TOPSECRET" not in r.stdout, (i, r.stdout)
+        assert r.signal == 9, (i, r, r.stdout)
+        assert any("killed before it could use the file" in d["reason"] for d in r.denials)
+    r = sb.run([open_killed_sibling, str(secret_tree), "100", "nosibling"], timeout=30)
+    assert r.stdout == b"errno 2\n" and r.success, r  # control: the judged path, unchanged

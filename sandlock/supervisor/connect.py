@@ -174,11 +174,49 @@ def listen(req: Request, session):
 def bind(req: Request, session):
     """bind() under a policy_fn (trapped only then): the callback sees inet binds. The call
     continues in the kernel, whose Landlock rules still decide the port, under a freeze
-    (supervisor.freeze) so the address and the fd it checked are what the kernel binds."""
-    return Frozen(lambda: _bind_decide(req, session))
+    (supervisor.freeze); once it returned, the address the socket took must be the one the
+    callback judged (the kernel may still have written into the address meanwhile:
+    network.Frozen), or the process is killed before it uses it."""
+    judged: dict = {}
+    return Frozen(lambda: _bind_decide(req, session, judged),
+                  lambda outcome: _bound(req, session, judged, outcome))
 
 
-def _bind_decide(req: Request, session):
+def _bound(req: Request, session, judged: dict, outcome: str) -> str | None:
+    if outcome != "returned" or "event" not in judged:
+        return None
+    from .._kernel.pidfd import pidfd_getfd, pidfd_open
+    event = judged["event"]
+    try:
+        pidfd = pidfd_open(event.pid)  # stopped: its number cannot be reused meanwhile
+        try:
+            fd = pidfd_getfd(pidfd, judged["fd"])
+        finally:
+            os.close(pidfd)
+        try:
+            name = sockets.getsockname(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        refusal = f"the bound address could not be checked ({e.strerror})"
+    else:
+        port = struct.unpack_from("!H", name, 2)[0]
+        domain = judged["domain"]
+        address = socket.inet_ntop(domain, name[4:8] if domain == AF_INET else name[8:24])
+        refusal = None
+        unspecified = event.host in ("0.0.0.0", "::")
+        if port and ((event.port and port != event.port)
+                     or (not unspecified and address != event.host)):
+            refusal = (f"the socket was bound to {address} port {port}, not the judged "
+                       f"{event.host} port {event.port}")
+    if refusal is not None:
+        refusal += "; the process was killed before it could use the socket"
+        session.runtime.record(event, "deny", refusal, errno.EPERM)
+        session.record_denial(req, "bind", errno.EPERM, refusal)
+    return refusal
+
+
+def _bind_decide(req: Request, session, judged: dict):
     from .runtime import SyscallEvent
     fd = req.dup_fd(req.arg_int(0))
     try:
@@ -203,6 +241,7 @@ def _bind_decide(req: Request, session):
         tgid, ppid = req.process_ids()
         event = SyscallEvent("bind", "network", tgid, ppid, host=address, port=port,
                              denied=denied)
+        judged.update(event=event, fd=req.arg_int(0), domain=domain)
         if denied:
             rt.observe(event)
         else:

@@ -290,6 +290,8 @@ def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
     with layer.lock:
         old = _inside(session, located(session, req, orel, False, True))
         new = _inside(session, located(session, req, nrel, False, True))
+        for loc in (old, new):  # no new name for what a policy_fn's deny_path covers
+            runtime_path_check(session, loc)
         if old.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if layer.upper in (old.upper, new.upper):
@@ -328,6 +330,8 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
     with layer.lock:
         old = _inside(session, located(session, req, orel, follow, True))
         new = _inside(session, located(session, req, nrel, False, True))
+        for loc in (old, new):
+            runtime_path_check(session, loc)
         if old.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if new.kind != MISSING:

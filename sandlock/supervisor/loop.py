@@ -29,7 +29,7 @@ import threading
 import time
 
 from .._kernel import caps, interrupt, seccomp
-from . import connect, execve, lifecycle, metadata, opens, send
+from . import connect, execve, lifecycle, metadata, names, opens, send
 from .fastpath import COW_PRISTINE, eligible, fast_path
 from .freeze import Freeze, FreezeError
 from .network import CONTINUE, Defer, Frozen, Inject
@@ -42,7 +42,7 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
     from ..syscall_filter import syscall_number  # names -> numbers for this architecture
     table = {}
     for handlers in (metadata.HANDLERS, connect.HANDLERS, send.HANDLERS, execve.HANDLERS,
-                     lifecycle.HANDLERS, opens.HANDLERS):
+                     lifecycle.HANDLERS, opens.HANDLERS, names.HANDLERS):
         for name, handler in handlers.items():
             table[syscall_number(name)] = (name, handler)
     from ..syscall_filter import COW_SYSCALLS
@@ -70,10 +70,12 @@ def _with_workspace(name, other):
         cow_handler = cow_calls.HANDLERS[name]
         if other is None or session.runtime is None:
             return cow_handler(req, session)
-        opens.decide_event(req, session, name)
+        if name in opens.HANDLERS:
+            opens.decide_event(req, session, name)
         result = cow_handler(req, session)  # checks the callback's denied paths itself
         if result is CONTINUE and session.runtime.denied_paths:
-            return opens.PATH_ONLY[name](req, session)
+            # Spelled outside the workdir: the callback's denied paths only (no new event).
+            return opens.PATH_ONLY.get(name, other)(req, session)
         return result
     return handler
 
@@ -95,7 +97,7 @@ MAX_DEFERRED_PER_SANDBOX = 32
 FREEZE_LIMIT = 1.0   # seconds to freeze a sandbox, and again for a released call to return
 # Calls a policy_fn may hold: with one, their handlers run on a worker from the start.
 HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", "execveat",
-                  "open", "openat", "creat"})
+                  "open", "openat", "creat", *names.HANDLERS})
 # (Handlers of the copy-on-write workdir, supervisor.cow_calls, run on this thread: the
 # layer's lock orders them with the ones a policy_fn makes run on workers.)
 

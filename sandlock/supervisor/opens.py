@@ -4,8 +4,11 @@ The callback sees the event's category only, never the path: a verdict on it nee
 read of the caller's memory, so the call continues in the kernel (Landlock still decides
 the access). While the callback has paths denied (ctx.deny_path), the path must be read,
 so the sandbox is frozen first (supervisor.freeze) and the path is resolved under the
-freeze as the caller would resolve it (supervisor.paths): the kernel then opens exactly
-what was checked. A path that cannot be resolved that way is refused.
+freeze as the caller would resolve it (supervisor.paths) and decided on the object it
+reaches (supervisor.denied). A path that cannot be resolved that way is refused. Since
+the kernel can still write into a frozen sandbox's memory (network.Frozen), the fd the
+open installed is checked once it returned, everything still frozen: if it reaches a
+denied object the process is killed before it can use it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ def _resolve(req: Request, tgid: int, dirfd: int, path: bytes, flags: int) -> st
 
 
 def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_of,
-            check_path: bool, with_event: bool = True):
+            check_path: bool, with_event: bool = True, fds_before=None):
     from .runtime import SyscallEvent
     rt = session.runtime
     tgid, ppid = req.process_ids()
     event = SyscallEvent(name, "file", tgid, ppid)
+    if fds_before is not None:  # what the caller holds before the open (see _opened)
+        fds_before["tgid"] = tgid
+        fds_before["fds"] = set(os.listdir(f"/proc/{tgid}/fd"))
+        fds_before["event"] = event
     if check_path:
         try:
             real = _resolve(req, tgid, dirfd, req.read_path(path_arg), flags_of())
@@ -60,10 +67,37 @@ def _handler(name: str, dirfd_arg: int | None, path_arg: int, flags_arg: int | N
         def flags_of():
             return os.O_CREAT if flags_arg is None else req.arg_int(flags_arg)
         if session.runtime.denied_paths:
+            before: dict = {}
             return Frozen(lambda: _decide(req, session, name, dirfd, path_arg, flags_of,
-                                          True, with_event))
+                                          True, with_event, before),
+                          lambda outcome: _opened(req, session, before, outcome))
         return _decide(req, session, name, dirfd, path_arg, flags_of, False, with_event)
     return handler
+
+
+def _opened(req: Request, session, before: dict, outcome: str) -> str | None:
+    """After an open let through while paths are denied: the fd it installed (the one
+    new number in the caller's table; every task is still frozen) must not reach a denied
+    object, whatever the path became between our read and the kernel's."""
+    if outcome != "returned" or "fds" not in before:
+        return None
+    tgid = before["tgid"]
+    try:
+        new = set(os.listdir(f"/proc/{tgid}/fd")) - before["fds"]
+    except OSError as e:
+        new, refusal = (), f"the opened file could not be checked ({e.strerror})"
+    else:
+        refusal = None
+    rt = session.runtime
+    for fd in sorted(new):
+        refusal = rt.denied_paths.object_refusal(f"/proc/{tgid}/fd/{fd}")
+        if refusal is not None:
+            break
+    if refusal is not None:
+        refusal += "; the process was killed before it could use the file"
+        rt.record(before["event"], "deny", refusal, errno.EACCES)
+        session.record_denial(req, before["event"].syscall, errno.EACCES, refusal)
+    return refusal
 
 
 def decide_event(req: Request, session, name: str) -> None:

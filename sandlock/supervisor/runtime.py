@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import SandlockError
+from .denied import DeniedPaths
 
 EVENT_KINDS = ("exec", "network", "process", "file")
 
@@ -132,20 +133,16 @@ class PolicyContext:
             self._rt.pid_allowed[int(pid)] = nets
 
     def deny_path(self, path) -> None:
-        """Refuse opens and execs of `path` and everything beneath it."""
+        """Refuse opens and execs of `path` and everything beneath it, under any name
+        (supervisor.denied), and links and renames that would give it a new one."""
         if "file" not in self._rt.events:
             raise SandlockError("deny_path: opens are not observed; add 'file' to "
                                 "policy_fn_events")
-        real = os.path.realpath(os.fsdecode(path))
-        with self._rt.lock:
-            if real not in self._rt.denied_paths:
-                self._rt.denied_paths = self._rt.denied_paths + (real,)
+        self._rt.denied_paths.add(os.path.realpath(os.fsdecode(path)))
 
     def allow_path(self, path) -> None:
         """Undo deny_path(path). The static filesystem policy still applies."""
-        real = os.path.realpath(os.fsdecode(path))
-        with self._rt.lock:
-            self._rt.denied_paths = tuple(p for p in self._rt.denied_paths if p != real)
+        self._rt.denied_paths.remove(os.path.realpath(os.fsdecode(path)))
 
     def restrict_max_memory(self, n: int) -> None:
         raise SandlockError("restrict_max_memory: resource limits (max_memory) are not "
@@ -224,7 +221,7 @@ class Runtime:
         self.lock = threading.Lock()
         self.allowed: tuple | None = None    # restrict_network
         self.pid_allowed: dict[int, tuple] = {}
-        self.denied_paths: tuple[str, ...] = ()
+        self.denied_paths = DeniedPaths()  # truthy while any path is denied
         self.flagged: list[dict] = []
         self.ctx = PolicyContext(self)
         self._worker: _CallbackThread | None = None
@@ -320,8 +317,5 @@ class Runtime:
         return None
 
     def path_refusal(self, real: str) -> str | None:
-        from ..fs_rules import is_beneath
-        for d in self.denied_paths:
-            if is_beneath(real, d):
-                return f"{real} is denied by policy_fn's deny_path({d})"
-        return None
+        """Why the object at `real` is denied by deny_path (by any of its names), or None."""
+        return self.denied_paths.refusal(real)
