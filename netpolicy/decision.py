@@ -8,8 +8,10 @@ that address is known to have (from DNS pinning). The same inputs always give th
 Order: a `deny` rule wins; then an allow rule naming the address (IP/CIDR or any-address);
 then an allow rule naming a host the address was resolved from, subject to the SSRF default:
 addresses in private, loopback, link-local, metadata, CGNAT, unspecified or transition
-ranges are refused for hostname rules unless `allow_private` is set or a rule names that
-address explicitly (which the previous step already accepted).
+ranges, and the addresses of this machine's own interfaces (`local`, whatever their range:
+a name resolving to them reaches services bound to 0.0.0.0), are refused for hostname rules
+unless `allow_private` is set or a rule names that address explicitly (which the previous
+step already accepted).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class EndpointPolicy:
         return frozenset(out)
 
     def decide(self, protocol: str, address: IPAddress, port: int,
-               names: tuple[str, ...] = ()) -> Verdict:
+               names: tuple[str, ...] = (), local=frozenset()) -> Verdict:
         candidates = (address,) + embedded_ipv4(address)
         for rule in self.deny:
             if any(rule.matches(protocol, a, port) for a in candidates):
@@ -116,11 +118,13 @@ class EndpointPolicy:
                 return Verdict(True, rule.spec, "allowed")
         for rule in self.allow:
             if rule.host is not None and rule.matches(protocol, address, port, names):
-                if is_special(address) and not self.allow_private:
+                if (is_special(address) or address in local) and not self.allow_private:
+                    what = ("an address of this machine" if address in local
+                            else "a private or special address")
                     return Verdict(False, "default:ssrf",
-                                   f"{rule.host} resolved to {address}, a private or special "
-                                   f"address; name the address in a rule or allow private "
-                                   f"resolution to permit it")
+                                   f"{rule.host} resolved to {address}, {what}; name the "
+                                   f"address in a rule or allow private resolution to "
+                                   f"permit it")
                 return Verdict(True, rule.spec, "allowed")
         shown = f"[{address}]" if address.version == 6 else str(address)
         via = f" ({', '.join(names)})" if names else ""

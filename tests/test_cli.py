@@ -82,3 +82,30 @@ def test_start_path_imports_neither_mitmproxy_nor_dns():
             "('mitmproxy', 'dns', 'h11', 'yaml')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip() == "0 []", r.stderr
+
+
+def test_root_started_sandbox_cannot_read_root_only_system_files(tmp_path):
+    """Review observation: a sandbox started as root (uid 0, no capabilities) read files
+    that only root may read and that were not on the fixed deny list. Files under /etc that
+    belong to root and have no read bit for others are now denied; a readable one is not."""
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("only a sandbox started as root owns root's files")
+    import uuid
+    secret = f"/etc/sandlock-test-{uuid.uuid4().hex}"
+    public = secret + "-public"
+    try:
+        with open(secret, "w") as f:
+            f.write("root-only\n")
+        os.chmod(secret, 0o600)
+        with open(public, "w") as f:
+            f.write("everyone\n")
+        os.chmod(public, 0o644)
+        r = cli("run", "--", "sh", "-c", f"cat {public}; cat {secret}; ls /etc >/dev/null && "
+                                         f"echo listable")
+        assert r.stdout == "everyone\nlistable\n", r
+        assert "Permission denied" in r.stderr
+    finally:
+        for p in (secret, public):
+            if os.path.exists(p):
+                os.unlink(p)

@@ -4,6 +4,7 @@ Real servers on loopback (127.0.0.2, 127.0.0.3 ... as distinct hosts), a real DN
 and each denial checked on the server side too: it never saw the connection or datagram.
 """
 
+import errno
 import json
 import os
 import socket
@@ -361,3 +362,34 @@ def test_killed_sandbox_leaves_no_blocked_on_behalf_call():
         time.sleep(0.05)
     assert not supervisor()._pending  # the blocked connects were woken and answered
     jam.close()
+
+
+def _own_address():
+    """A non-loopback address of this machine's interfaces that no special range covers
+    (e.g. 192.0.2.2 on eth0 here), or None."""
+    from netpolicy.decision import is_special
+    from sandlock._kernel.netlink import interface_addresses
+    for a in sorted(interface_addresses(), key=str):
+        if a.version == 4 and not is_special(a):
+            return str(a)
+    return None
+
+
+def test_host_rule_never_reaches_this_machines_own_addresses(tcp_server):
+    """Review observation: a name resolving to an address of one of this machine's
+    interfaces passed the SSRF default and reached a service bound to 0.0.0.0."""
+    own = _own_address()
+    if own is None:
+        pytest.skip("no interface address outside the special ranges on this machine")
+    srv = tcp_server("0.0.0.0")
+    dns_srv = TestDnsServer({"self.sandlock.test": [own]})
+    sb = sandbox(net_allow=[f"self.sandlock.test:{srv.port}"], dns_servers=[dns_srv.address])
+    assert connect_in(sb, f"{own}:{srv.port}") == [errno.EACCES]
+    assert srv.accepted == 0
+    r = run_py(sb, f"import socket; socket.create_connection(('self.sandlock.test', "
+                   f"{srv.port}))")
+    assert b"Permission denied" in r.stderr and srv.accepted == 0
+    assert any("an address of this machine" in d["reason"] for d in r.denials)
+    # naming the address itself (or allowing private resolution) is the way to reach it
+    assert connect_in(sandbox(net_allow=[f"{own}:{srv.port}"]), f"{own}:{srv.port}") == ["ok\n"]
+    assert srv.accepted == 1

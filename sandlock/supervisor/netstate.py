@@ -50,6 +50,8 @@ class NetState:
             if spec.inject:
                 self.ca_bundle = self.interceptor.publish(spec.public_dir)
         self.audit = audit
+        self._local: frozenset = frozenset()
+        self._local_until = 0.0
         self.dns_enabled = bool(self.policy.hostnames)
         # Where names are resolved at all, the hosts HTTP rules name are resolved too (best
         # effort), so that a request reaching one of their addresses is judged under that
@@ -65,6 +67,27 @@ class NetState:
             from .fastpath import forget_all
             self.pins.on_change.append(forget_all)  # verdicts replayed in C rest on pins
             self.dns_servers = {(canonical_address(h), p) for h, p in self.resolver.servers}
+
+    LOCAL_TTL = 5.0
+
+    def local_addresses(self) -> frozenset:
+        """This machine's interface addresses (special for host rules), re-read every
+        LOCAL_TTL seconds; a change forgets the verdicts the C fast path replays."""
+        import time
+        now = time.monotonic()
+        if now < self._local_until:
+            return self._local
+        from .._kernel.netlink import interface_addresses
+        try:
+            found = frozenset(canonical_address(a) for a in interface_addresses())
+        except OSError:
+            found = self._local  # keep the last answer; the special ranges still apply
+        if found != self._local:
+            from .fastpath import forget_all
+            self._local = found
+            forget_all()
+        self._local_until = now + self.LOCAL_TTL
+        return found
 
     def is_dns(self, dest) -> bool:
         """Traffic to port 53 or to a configured resolver is DNS, and handled as such."""

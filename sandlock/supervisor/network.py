@@ -209,7 +209,8 @@ def inet_verdict(req, session, syscall, protocol, dest):
     The static policy decides first; a policy_fn can only narrow what it allows."""
     net = session.net
     names = net.pins.names_for(dest.address) if net.pins is not None else ()
-    verdict = net.policy.decide(protocol, dest.address, dest.port, names)
+    verdict = net.policy.decide(protocol, dest.address, dest.port, names,
+                                net.local_addresses() if names else frozenset())
     info = dict(protocol=protocol, address=str(dest.address), port=dest.port,
                 host=names[0] if names else None, rule=verdict.rule)
     rt = session.runtime
