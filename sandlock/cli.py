@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
 def _workspace(a) -> int:
     from . import cow
     try:
-        layer = cow.CowLayer.open(a.layer)
+        layer = cow.open_layer(a.layer)
         if a.action == "diff":
             if cow.interrupted(a.layer):
                 _say("a commit of this layer was interrupted; `sandlock workspace "

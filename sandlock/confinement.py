@@ -30,6 +30,22 @@ class Confinement:
     rlimits: tuple[tuple[int, int, int], ...]
     degradations: tuple[str, ...]
     subreaper: bool = False  # the program adopts the sandbox's orphans (policy_fn freezes)
+    # Overlay-backend workspaces: the rights the trampoline grants beneath its overlay
+    # mount, in a ruleset built for each run from the same plan (run_ruleset).
+    overlay_rights: int = 0
+    _policy: Policy | None = None
+    _abi: int = 0
+
+    _rules: dict | None = None
+
+    def run_ruleset(self) -> landlock.LandlockRuleset | None:
+        """A ruleset of this policy for one run (the caller closes it); the path rules are
+        planned once."""
+        if self._policy is None:
+            return None
+        if self._rules is None:
+            self._rules = _plan(self._policy)
+        return _build_ruleset(self._policy, self._abi, rules=self._rules)
 
     # The fds live exactly as long as this object: a launch holds a reference while it
     # passes them to the child, and a Sandbox drops its Confinement when a field changes.
@@ -47,8 +63,13 @@ class Confinement:
             pass
 
 
-def _build_ruleset(policy: Policy, abi: int,
-                   network: bool = True) -> landlock.LandlockRuleset | None:
+def _plan(policy: Policy) -> dict[str, int]:
+    return fs_rules.plan_path_rules(policy.fs_readable, policy.fs_writable,
+                                    policy.fs_denied, policy.write_excluded)
+
+
+def _build_ruleset(policy: Policy, abi: int, network: bool = True,
+                   rules: dict | None = None) -> landlock.LandlockRuleset | None:
     """`network=False` (confine()) leaves TCP unhandled: without the seccomp filter and the
     supervisor, Landlock's port rules alone would look stricter than they are."""
     if abi < 1:
@@ -62,9 +83,7 @@ def _build_ruleset(policy: Policy, abi: int,
     ruleset = landlock.LandlockRuleset(abi, landlock.fs_rights_for_abi(abi), handled_net,
                                        landlock.scopes_for_abi(abi))
     try:
-        rules = fs_rules.plan_path_rules(policy.fs_readable, policy.fs_writable,
-                                         policy.fs_denied)
-        fs_rules.add_path_rules(ruleset, rules)
+        fs_rules.add_path_rules(ruleset, rules if rules is not None else _plan(policy))
         if handled_net & landlock.NET_CONNECT_TCP:
             for port in sorted(policy.tcp_connect.ports):
                 ruleset.allow_port(port, landlock.NET_CONNECT_TCP)
@@ -117,7 +136,9 @@ def build(policy: Policy) -> Confinement:
                                         net_supervised=policy.net_supervised,
                                         udp=policy.udp, icmp=policy.icmp,
                                         runtime_events=policy.runtime_events,
-                                        cow=policy.workspace is not None)
+                                        cow=policy.workspace is not None
+                                        and policy.workspace.backend == "seccomp")
+    overlay = policy.workspace is not None and policy.workspace.backend == "overlay"
     return Confinement(
         ruleset=_build_ruleset(policy, kf.landlock_abi),
         bpf_fd=_sealed_memfd("sandlock-bpf", bpf),
@@ -128,4 +149,7 @@ def build(policy: Policy) -> Confinement:
         rlimits=tuple(limits),
         degradations=tuple(accepted),
         subreaper=policy.policy_fn is not None,
+        overlay_rights=(landlock.fs_rights_for_abi(kf.landlock_abi) & fs_rules.WRITE_RIGHTS
+                        if overlay else 0),
+        _policy=policy if overlay else None, _abi=kf.landlock_abi,
     )

@@ -54,14 +54,36 @@ def _expand(grant: str, rights: int, denied: list[str], out: dict[str, int]) -> 
         _expand(child, rights, below, out)
 
 
-def plan_path_rules(readable, writable, denied) -> dict[str, int]:
+def _expand_writes(grant: str, excluded: list[str], denied: list[str],
+                   out: dict[str, int]) -> None:
+    """Write rights on `grant` except beneath `excluded` (a seccomp-backend workdir inside
+    a writable grant): the directories on the way keep read rights only, every entry off
+    the way gets the full grant, the excluded path itself no write right."""
+    below = [e for e in excluded if e != grant and is_beneath(e, grant)]
+    if grant in excluded:
+        return
+    if not below:
+        _expand(grant, WRITE_RIGHTS, denied, out)
+        return
+    _expand(grant, READ_RIGHTS, denied, out)
+    try:
+        entries = list(os.scandir(grant))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_symlink():
+            continue
+        _expand_writes(entry.path, below, denied, out)
+
+
+def plan_path_rules(readable, writable, denied, write_excluded=()) -> dict[str, int]:
     """Path -> rights. Rights on non-directories are narrowed when the ruleset is built."""
     out: dict[str, int] = {}
     denied = list(denied)
     for path in readable:
         _expand(path, READ_RIGHTS, denied, out)
     for path in writable:
-        _expand(path, WRITE_RIGHTS, denied, out)
+        _expand_writes(path, list(write_excluded), denied, out)
     return out
 
 

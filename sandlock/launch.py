@@ -28,7 +28,8 @@ HELPER = libexec.path("sandlock-exec")
 STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
          "securebits", "capability bounding set", "capset", "ambient capabilities",
          "no_new_privs", "landlock_restrict_self", "reading the seccomp program", "seccomp",
-         "handshake", "close-on-exec", "execve", "subreaper")
+         "handshake", "close-on-exec", "execve", "subreaper", "user namespace",
+         "uid/gid map", "mount propagation", "overlay mount", "overlay Landlock rule")
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
 _FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF = 3, 4, 5, 6
@@ -73,16 +74,20 @@ def _file_actions(placements: list[tuple[int, int]]) -> list[tuple]:
     return actions
 
 
-def _helper_argv(conf: Confinement, exe: bytes, argv: list[bytes], cwd: str | None) -> list:
+def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
+                 cwd: str | None, overlay=None) -> list:
+    """`overlay`: (lower, upper, work) of an overlay-backend workspace, or None."""
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
+    flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
+             | (4 if overlay is not None else 0))
+    rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
-            "1" if conf.cap_sets is not None else "0",
-            str((1 if conf.ruleset is not None else 0) | (2 if conf.subreaper else 0)),
-            rlimits, "--", exe] + argv
+            "1" if conf.cap_sets is not None else "0", str(flags), rlimits,
+            *(overlay or ("-", "-", "-")), rights, "--", exe] + argv
 
 
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
-          cwd: str | None, stdio: tuple[int, int, int], attach) -> Spawned:
+          cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit).
 
     `attach(listener_fd, pid)` hands our duplicate of the listener to the supervisor; it
@@ -92,15 +97,25 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     if not os.access(HELPER, os.X_OK):
         raise SandboxError(f"the sandlock-exec helper is missing ({HELPER}); build it with "
                            f"'make helper' or reinstall sandlock")
+    # An overlay run's trampoline adds a rule for its own mount: a ruleset for it alone.
+    ruleset = conf.run_ruleset() if overlay is not None else conf.ruleset
+    try:
+        return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay)
+    finally:
+        if ruleset is not None and ruleset is not conf.ruleset:
+            ruleset.close()
+
+
+def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawned:
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
     ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
-    ruleset_fd = conf.ruleset.fd if conf.ruleset is not None else conf.bpf_fd
+    ruleset_fd = ruleset.fd if ruleset is not None else conf.bpf_fd
     placements = [(fd, i) for i, fd in enumerate(stdio) if fd >= 0]
     placements += [(status_w, _FD_STATUS), (ack_r, _FD_ACK), (ruleset_fd, _FD_RULESET),
                    (conf.bpf_fd, _FD_BPF)]
     try:
         pid = os.posix_spawn(
-            HELPER, _helper_argv(conf, exe, argv, cwd), env,
+            HELPER, _helper_argv(conf, ruleset, exe, argv, cwd, overlay), env,
             file_actions=_file_actions(placements), setpgroup=0,
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
             setsigmask=())

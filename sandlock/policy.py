@@ -123,14 +123,9 @@ class Policy:
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
     policy_fn_timeout: float = 2.0
     runtime_events: frozenset = frozenset()  # event kinds it sees; empty without policy_fn
-    workspace: object = None         # Workspace when there is a copy-on-write workdir
-
-
-@dataclass(frozen=True)
-class Workspace:
-    workdir: str                     # the real directory (lower), only read during the run
-    storage: str                     # where the run's upper layer is created
-    max_disk: int | None             # bytes the upper layer may hold
+    workspace: object = None         # workspace_policy.Workspace (a copy-on-write workdir)
+    private_tmp: bool = False        # a TMPDIR of its own per run (sandlock.private_tmp)
+    write_excluded: tuple = ()       # paths writable grants must not cover (fs_rules)
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -406,64 +401,15 @@ def parse_size(value, field: str) -> int | None:
     return int(n)
 
 
-def parse_workspace(fields: dict, readable, writable, denied):
-    """The copy-on-write workdir: (Workspace | None, readable, denied)."""
-    from .fs_rules import is_beneath
-    workdir = fields.get("workdir")
-    if workdir is None:
-        for key in ("fs_storage", "max_disk"):
-            if fields.get(key) is not None:
-                raise PolicyError(f"{key}: set without a workdir")
-        return None, readable, denied
-    wd = os.path.realpath(os.fsdecode(workdir))
-    if not os.path.isdir(wd):
-        raise PolicyError(f"workdir: {workdir} is not a directory")
-    if wd == "/":
-        raise PolicyError("workdir: / cannot be a copy-on-write workdir")
-    for w in writable:
-        if is_beneath(wd, w):
-            raise PolicyError(f"workdir {wd} is inside the writable path {w}: writes there "
-                              f"would bypass the copy-on-write layer; grant narrower paths")
-        if is_beneath(w, wd):
-            raise PolicyError(f"fs_writable {w} is inside the workdir {wd}: the workdir is "
-                              f"already writable through its copy-on-write layer")
-    for d in denied:
-        if is_beneath(d, wd):
-            raise PolicyError(f"fs_denied {d} is inside the workdir {wd}: not supported with "
-                              f"a copy-on-write workdir; deny the workdir's parent instead")
-    max_disk = parse_size(fields.get("max_disk"), "max_disk")
-    allowed = fields.get("extra_allow_syscalls") or ()
-    if "process_group" in allowed or any(n in allowed for n in ("setsid", "setpgid")):
-        raise PolicyError("extra_allow_syscalls process_group with a workdir: a process "
-                          "outside the sandbox's group could change the layer while it is "
-                          "committed")
-    from .cow import default_storage
-    storage = os.path.realpath(os.fsdecode(fields.get("fs_storage") or default_storage()))
-    if is_beneath(storage, wd) or is_beneath(wd, storage):
-        raise PolicyError(f"fs_storage {storage} and workdir {wd} must not contain each other")
-    if os.path.exists(storage) and not os.path.isdir(storage):
-        raise PolicyError(f"fs_storage: {storage} is not a directory")
-    if any(is_beneath(storage, g) for g in readable + writable):
-        try:  # denied beneath a grant: it must exist when the Landlock rules are built
-            os.makedirs(storage, mode=0o700, exist_ok=True)
-        except OSError as e:
-            raise PolicyError(f"fs_storage: cannot create {storage}: {e.strerror}") from None
-    # The workdir is readable (execve and chdir continue in the kernel); its layer's
-    # storage never is: the sandbox reaches its upper tree only through the supervisor.
-    if wd not in readable:
-        readable += (wd,)
-    if any(is_beneath(storage, g) for g in readable + writable) and storage not in denied:
-        denied += (storage,)
-    return Workspace(wd, storage, max_disk), readable, denied
-
-
 def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     """Validate the user's fields; `deny_syscalls` comes from sandlock.syscall_filter."""
     reject_unimplemented(fields)
     readable = _paths("fs_readable", fields.get("fs_readable"), must_exist=True)
     writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
     denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
-    workspace, readable, denied = parse_workspace(fields, readable, writable, denied)
+    from .workspace_policy import parse_workspace
+    workspace, readable, writable, denied, write_excluded = parse_workspace(
+        fields, readable, writable, denied)
     from .fs_rules import is_beneath
     http, http_ports = parse_http(fields)
     intercept = parse_intercept(fields, http)
@@ -542,5 +488,14 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         http_upgrades=frozenset(upgrades),
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,
-        workspace=workspace,
+        workspace=workspace, write_excluded=write_excluded,
+        private_tmp=_private_tmp(fields.get("private_tmp"), workspace),
     )
+
+
+def _private_tmp(value, workspace) -> bool:
+    if value is None:
+        return workspace is not None  # on by default with a workdir
+    if not isinstance(value, bool):
+        raise PolicyError(f"private_tmp: expected true or false, got {value!r}")
+    return value

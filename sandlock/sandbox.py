@@ -53,6 +53,8 @@ class Sandbox:
     max_disk: Any = None
     on_exit: BranchAction = BranchAction.COMMIT
     on_error: BranchAction = BranchAction.ABORT
+    workspace_backend: str | None = None
+    private_tmp: bool | None = None
     extra_deny_syscalls: Sequence[str] | None = None
     extra_allow_syscalls: Sequence[str] | None = None
     net_allow: Sequence[str] | None = None
@@ -105,6 +107,8 @@ class Sandbox:
     _audit: Any = field(default=None, init=False, repr=False, compare=False)
     _default_timeout: float | None = field(default=None, init=False, repr=False,
                                            compare=False)
+    _tmp: Any = field(default=None, init=False, repr=False, compare=False)
+    _run_policy: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self._policy = self._validate()
@@ -124,6 +128,10 @@ class Sandbox:
             raise
         if self._net is not None:
             self._net.stop()
+        if self._tmp is not None:
+            self._tmp.close()
+        object.__setattr__(self, "_tmp", None)
+        object.__setattr__(self, "_run_policy", None)
         object.__setattr__(self, "_conf", None)
         object.__setattr__(self, "_net", None)
         object.__setattr__(self, "_audit", None)
@@ -158,7 +166,15 @@ class Sandbox:
         if conf is None:
             with _build_lock:
                 if self._conf is None:
-                    object.__setattr__(self, "_conf", _confinement.build(self._policy))
+                    policy = self._policy
+                    if policy.private_tmp:  # its root exists before Landlock grants it
+                        from dataclasses import replace
+                        from .private_tmp import PrivateTmp
+                        tmp = PrivateTmp()
+                        object.__setattr__(self, "_tmp", tmp)
+                        policy = replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
+                    object.__setattr__(self, "_run_policy", policy)
+                    object.__setattr__(self, "_conf", _confinement.build(policy))
                 conf = self._conf
         return conf
 
@@ -212,10 +228,14 @@ class Sandbox:
               stderr=StdioMode.INHERIT) -> "Process":
         """Start `cmd` confined and return at once."""
         argv = _argv(cmd)
-        policy = self._policy
         conf = self._confinement()
+        policy = self._run_policy  # with its private TMPDIR's root, if any
         net = self._net_state()
         extra = {}
+        tmpdir = None
+        if self._tmp is not None and "TMPDIR" not in dict(policy.env):
+            tmpdir = self._tmp.new_run()
+            extra[b"TMPDIR"] = os.fsencode(tmpdir)
         if net is not None and net.dns_enabled:
             # glibc's resolver then speaks DNS over TCP, which the supervisor hands to its
             # own responder; UDP queries are filtered one by one.
@@ -238,6 +258,7 @@ class Sandbox:
                               policy.runtime_events, self._audit_log(), policy.name)
         session = Session(policy, policy.name, net, runtime)
         workspace = _Workspace.start(policy, self.on_exit, self.on_error, session)
+        session.own_mounts = workspace is not None and workspace.overlay is not None
         parent_ends, child_fds, to_close = _stdio(stdin, stdout, stderr)
         try:
             if exe is None:
@@ -245,18 +266,24 @@ class Sandbox:
             spawned = launch.spawn(
                 conf, os.fsencode(exe), [os.fsencode(a) for a in argv],
                 env, policy.cwd, child_fds,
-                attach=lambda listener, pid: supervisor().attach(listener, session, pid))
+                attach=lambda listener, pid: supervisor().attach(listener, session, pid),
+                overlay=workspace.overlay if workspace is not None else None)
         except BaseException:
             for fd in parent_ends:
                 if fd >= 0:
                     os.close(fd)
             if workspace is not None:
                 workspace.layer.discard()
+            if tmpdir is not None:
+                self._tmp.end_run(tmpdir)
             raise
         finally:
             for fd in to_close:
                 os.close(fd)
-        return Process(spawned, session, parent_ends, workspace)
+        proc = Process(spawned, session, parent_ends, workspace)
+        if tmpdir is not None:
+            proc._cleanup.append(lambda tmp=self._tmp: tmp.end_run(tmpdir))
+        return proc
 
     def run(self, cmd: Sequence[str], timeout: float | None = None, *,
             input: bytes | None = None) -> Result:
@@ -394,6 +421,7 @@ class Process:
         self._status: tuple[ExitReason, int, int] | None = None
         self._killed_by_us: ExitReason | None = None
         self._lock = threading.Lock()
+        self._cleanup: list = []  # run once every task is gone (its private TMPDIR)
 
     # -- lifecycle --
 
@@ -454,6 +482,11 @@ class Process:
                 self._status = status
                 if self._session.runtime is not None:
                     self._session.runtime.close()
+                for cleanup in self._cleanup:
+                    try:
+                        cleanup()
+                    except OSError:
+                        pass
                 if self._workspace is not None:
                     self._workspace.finish(self._session, status[0] == ExitReason.EXITED
                                            and status[1] == 0)
@@ -649,14 +682,23 @@ class _Workspace:
             return None
         from . import cow
         try:
-            layer = cow.create(ws.workdir, ws.storage, policy.name)
+            layer = cow.create(ws.workdir, ws.storage, policy.name, ws.backend)
         except OSError as e:
             raise SandlockError(f"fs_storage: cannot create the copy-on-write layer in "
                                 f"{ws.storage}: {e.strerror}") from None
-        session.cow = layer
-        session.cow_max_disk = ws.max_disk
+        if ws.backend == "seccomp":  # the supervisor serves the workdir's path calls
+            session.cow = layer
+            session.cow_max_disk = ws.max_disk
         return cls(layer, _action(on_exit, "on_exit"), _action(on_error, "on_error"),
                    ws.max_disk)
+
+    @property
+    def overlay(self) -> tuple[str, str, str] | None:
+        """(lower, upper, work) for the trampoline's overlay mount (overlay backend)."""
+        layer = self.layer
+        if getattr(layer, "backend", None) != "overlay":
+            return None
+        return layer.lower, layer.upper, layer.work
 
     def finish(self, session, success: bool) -> None:
         """Apply on_exit or on_error once every sandboxed task is gone."""

@@ -9,12 +9,23 @@
  *   5 Landlock ruleset, or -1 in argv when Landlock is unavailable (degraded)
  *   6 BPF program (struct sock_filter[]), read with pread
  * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) FLAGS
- *       RLIMITS("res:soft:hard,..." or "-") -- EXE ARGV0 ARGV...
+ *       RLIMITS("res:soft:hard,..." or "-") LOWER UPPER WORK RIGHTS -- EXE ARGV0 ARGV...
  * FLAGS: bit 0 = a Landlock ruleset is at fd 5; bit 1 = become a child subreaper (the
- * sandbox's orphans then stay its descendants: sandlock/supervisor/freeze.py walks them).
+ * sandbox's orphans then stay its descendants: sandlock/supervisor/freeze.py walks them);
+ * bit 2 = a copy-on-write workspace of the overlay backend: LOWER (the workdir) is covered
+ * by an overlayfs mount whose upper layer is UPPER (WORK is overlayfs' work directory),
+ * in a mount namespace of the sandbox's own (and, unless started as root, a user
+ * namespace mapping the caller's uid and gid to themselves), and the Landlock ruleset
+ * (made for this run alone) gains a rule granting RIGHTS (hex) beneath the overlay's root:
+ * a rule on the workdir itself would not reach it (Landlock skips mount points). "-"
+ * when unused.
  *
- * Order: close every other fd -> cwd -> rlimits -> capabilities -> NO_NEW_PRIVS ->
- * Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
+ * Order: close every other fd -> [overlay] -> cwd -> rlimits -> capabilities ->
+ * NO_NEW_PRIVS -> Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
+ * The overlay comes first so that cwd is resolved in the sandbox's own view; its mount
+ * propagation is made slave first, so the mount never reaches the caller's namespace.
+ * The capabilities a user namespace grants are dropped with the rest (the seccomp
+ * filter then refuses mount, unshare and setns: the program cannot do the same).
  * Invariant: the program never runs before the supervisor holds the listener, and never
  * holds the listener itself (it is closed before exec). Any failure exits 127 after
  * reporting the step and errno; nothing is ever run half-confined.
@@ -30,6 +41,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <stdio.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -40,14 +54,24 @@ extern char **environ;
 /* Step numbers: must match sandlock/launch.py STEPS. */
 enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, ST_BOUNDING,
        ST_CAPSET, ST_AMBIENT, ST_NO_NEW_PRIVS, ST_LANDLOCK, ST_SECCOMP_READ, ST_SECCOMP,
-       ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER };
+       ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER, ST_USERNS, ST_ID_MAP,
+       ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE };
 
 enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6 };
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
 #define MAX_BPF_INSNS 4096
 
+static int probing; /* --probe-overlay: failures go to stderr as "step errno" */
+
 static void report(int step, int value) {
+    if (probing) {
+        char line[32];
+        int n = snprintf(line, sizeof line, "%d %d\n", step, value);
+        if (n > 0 && write(2, line, (size_t)n) < 0)
+            _exit(1);
+        return;
+    }
     int32_t rec[2] = {step, value};
     ssize_t n;
     do {
@@ -115,6 +139,58 @@ static void drop_capabilities(uint64_t keep, int cap_last, int privileged) {
                 fail(ST_AMBIENT, errno);
 }
 
+static void write_file(const char *path, const char *text, int step) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        fail(step, errno);
+    size_t n = strlen(text);
+    if (write(fd, text, n) != (ssize_t)n)
+        fail(step, errno);
+    close(fd);
+}
+
+/* The overlay backend's private view of the workdir. Returns 1 when a user namespace was
+ * entered (its capabilities must then be dropped like root's). */
+static int enter_overlay(const char *lower, const char *upper, const char *work) {
+    int userns = getuid() != 0;
+    if (userns) {
+        uid_t uid = getuid();
+        gid_t gid = getgid();
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNS) < 0)
+            fail(ST_USERNS, errno);
+        char map[64];
+        write_file("/proc/self/setgroups", "deny", ST_ID_MAP);
+        snprintf(map, sizeof map, "%u %u 1", (unsigned)uid, (unsigned)uid);
+        write_file("/proc/self/uid_map", map, ST_ID_MAP);
+        snprintf(map, sizeof map, "%u %u 1", (unsigned)gid, (unsigned)gid);
+        write_file("/proc/self/gid_map", map, ST_ID_MAP);
+    } else if (unshare(CLONE_NEWNS) < 0) {
+        fail(ST_USERNS, errno);
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
+        fail(ST_MOUNT_SLAVE, errno);
+    static char opts[3 * 4096 + 64];
+    int n = snprintf(opts, sizeof opts,
+                     "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
+                     lower, upper, work);
+    if (n < 0 || (size_t)n >= sizeof opts)
+        fail(ST_OVERLAY, ENAMETOOLONG);
+    if (mount("overlay", lower, "overlay", 0, opts) < 0)
+        fail(ST_OVERLAY, errno);
+    return userns;
+}
+
+/* The overlay's root (now at LOWER) gets `rights` in this run's own ruleset. */
+static void allow_overlay(const char *lower, uint64_t rights) {
+    struct landlock_path_beneath_attr attr = {.allowed_access = rights};
+    attr.parent_fd = open(lower, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (attr.parent_fd < 0)
+        fail(ST_OVERLAY_RULE, errno);
+    if (syscall(SYS_landlock_add_rule, FD_RULESET, LANDLOCK_RULE_PATH_BENEATH, &attr, 0) < 0)
+        fail(ST_OVERLAY_RULE, errno);
+    close(attr.parent_fd);
+}
+
 static int load_seccomp(void) {
     static struct sock_filter insns[MAX_BPF_INSNS];
     ssize_t n = pread(FD_BPF, insns, sizeof insns, 0);
@@ -129,7 +205,14 @@ static int load_seccomp(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 10 || strcmp(argv[7], "--") != 0)
+    /* sandlock-exec --probe-overlay LOWER UPPER WORK: can this user mount the overlay
+     * backend's view here? Exits 0 if so (its private namespace ends with it). */
+    if (argc == 5 && strcmp(argv[1], "--probe-overlay") == 0) {
+        probing = 1;
+        enter_overlay(argv[2], argv[3], argv[4]);
+        return 0;
+    }
+    if (argc < 14 || strcmp(argv[11], "--") != 0)
         fail(ST_ARGS, EINVAL);
     const char *cwd = argv[1];
     uint64_t keep = parse_num(argv[2], 16);
@@ -143,6 +226,12 @@ int main(int argc, char **argv) {
     /* Nothing the parent leaked (fds without O_CLOEXEC) reaches the program. */
     if (syscall(SYS_close_range, FD_BPF + 1, ~0U, 0) < 0)
         fail(ST_CLOSE_FDS, errno);
+    if (flags & 4) {
+        if (enter_overlay(argv[7], argv[8], argv[9]))
+            privileged = 1;  /* the user namespace's capabilities go with the rest */
+        if (has_ruleset)
+            allow_overlay(argv[7], parse_num(argv[10], 16));
+    }
     if (strcmp(cwd, "-") != 0 && chdir(cwd) < 0)
         fail(ST_CHDIR, errno);
     if ((flags & 2) && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
@@ -170,7 +259,7 @@ int main(int argc, char **argv) {
     if (fcntl(FD_STATUS, F_SETFD, FD_CLOEXEC) < 0)
         fail(ST_CLOEXEC, errno);
 
-    execve(argv[8], &argv[9], environ);
+    execve(argv[12], &argv[13], environ);
     int err = errno;
     report(ST_EXECVE, err);
     _exit(err == ENOENT ? 127 : 126); /* the shell's codes for "not found" / "cannot run" */

@@ -1,9 +1,10 @@
 """The copy-on-write workspace: a sandbox writes to a private layer over its workdir, and
 the run's outcome decides what happens to the layer (commit, abort, keep, defer).
 
-- layer.py    the upper tree and how a sandbox path resolves in it
+- layer.py    the seccomp backend's upper tree and how a sandbox path resolves in it
+- overlay.py  the overlay backend's layer (overlayfs' upper directory) and its changes
 - changes.py  what the layer changed, compared with the workdir
-- committing.py  applying the layer to the workdir, crash-safely
+- committing.py  applying the layer to the workdir, crash-safely (both backends)
 
 The syscalls that reach the layer are handled in sandlock.supervisor.cow_calls.
 """
@@ -14,10 +15,10 @@ import os
 
 # Loaded on first use: the supervisor imports sandlock.cow.location at every start.
 _LAZY = {"Change": "changes", "diff": "changes", "table": "changes", "commit": "committing",
-         "interrupted": "committing", "CowLayer": "layer"}
+         "interrupted": "committing", "CowLayer": "layer", "OverlayLayer": "overlay"}
 
-__all__ = ["Change", "CowLayer", "commit", "create", "diff", "interrupted", "table",
-           "default_storage"]
+__all__ = ["Change", "CowLayer", "OverlayLayer", "commit", "create", "diff", "interrupted",
+           "table", "default_storage", "open_layer"]
 
 
 def __getattr__(name):
@@ -37,7 +38,20 @@ def default_storage() -> str:
     return os.path.join(base, "sandlock", "cow")
 
 
-def create(workdir: str, storage: str, name: str | None):
+def open_layer(root: str):
+    """A layer kept on disk (KEEP, DEFER, or a commit to finish after a crash), of either
+    backend."""
+    import json
+    with open(os.path.join(root, "layer.json")) as f:
+        backend = json.load(f).get("backend", "seccomp")
+    if backend == "overlay":
+        from .overlay import OverlayLayer
+        return OverlayLayer.open(root)
+    from .layer import CowLayer
+    return CowLayer.open(root)
+
+
+def create(workdir: str, storage: str, name: str | None, backend: str = "seccomp"):
     import secrets
     from .layer import DISCARDING, CowLayer, remove_tree
     os.makedirs(storage, mode=0o700, exist_ok=True)
@@ -46,4 +60,7 @@ def create(workdir: str, storage: str, name: str | None):
             remove_tree(os.path.join(storage, entry))
     label = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in (name or "sandbox"))
     root = os.path.join(storage, f"{label[:40]}-{os.getpid()}-{secrets.token_hex(4)}")
+    if backend == "overlay":
+        from .overlay import OverlayLayer
+        return OverlayLayer(workdir, root)
     return CowLayer(workdir, root)

@@ -116,7 +116,10 @@ def _all_below(root: str, rel: str, action: str, out: list, layer: CowLayer | No
             _all_below(path, r, action, out, layer)
 
 
-def diff(layer: CowLayer) -> list[Change]:
+def diff(layer) -> list[Change]:
+    """Every change the layer holds, sorted by path (parents first)."""
+    if getattr(layer, "backend", None) == "overlay":
+        return layer.diff()  # overlay.OverlayLayer reads overlayfs' upper format
     out: list[Change] = []
     with layer.lock:
         _compare(layer, layer.upper, "", out)

@@ -24,7 +24,7 @@ import struct
 
 from .._kernel import memory
 from .network import CONTINUE, Frozen
-from .paths import Unresolvable, directory_of, interpreter_of, resolve
+from .paths import Unresolvable, directory_of, interpreter_of, resolve, view
 from .request import Denied, Request
 
 MAX_ARGS = 1 << 17         # pointers read before giving up (E2BIG)
@@ -101,7 +101,8 @@ def _identity(st) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _program(req, tgid: int, dirfd: int, path: bytes, flags: int, judged: Judged) -> list:
+def _program(req, tgid: int, dirfd: int, path: bytes, flags: int, judged: Judged,
+             root: str) -> list:
     """Resolve the file the exec runs as the caller would (the sandbox is frozen), and the
     interpreters of a `#!` chain, which the kernel opens without a syscall; fill `judged`
     with their identities. Returns their paths (for deny_path)."""
@@ -124,23 +125,24 @@ def _program(req, tgid: int, dirfd: int, path: bytes, flags: int, judged: Judged
         real = directory_of(req.pid, dirfd, AT_FDCWD)
     else:
         base = "/" if text.startswith("/") else directory_of(req.pid, dirfd, AT_FDCWD)
-        real = resolve(tgid, req.pid, base, text, follow_last=not flags & AT_SYMLINK_NOFOLLOW)
+        real = resolve(tgid, req.pid, base, text, follow_last=not flags & AT_SYMLINK_NOFOLLOW,
+                       root=root)
         if real is None:
             return []  # the exec fails in the kernel as well
         try:
-            judged.program = _identity(os.stat(real))
+            judged.program = _identity(os.stat(root + real))
         except OSError:
             return [real]
     out = [real]
     for _ in range(MAX_INTERPRETERS):
-        interp = interpreter_of(out[-1])
+        interp = interpreter_of(out[-1], root)
         if interp is None:
             break
-        resolved = resolve(tgid, req.pid, "/", interp, follow_last=True)
+        resolved = resolve(tgid, req.pid, "/", interp, follow_last=True, root=root)
         if resolved is None:
             break
         try:
-            judged.interpreters.add(_identity(os.stat(resolved)))
+            judged.interpreters.add(_identity(os.stat(root + resolved)))
         except OSError:
             break
         out.append(resolved)
@@ -162,7 +164,7 @@ def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, argv_ar
         raise Denied(errno.EPERM, refusal)
     path = req.read_path(path_arg) if req.args[path_arg] else b""
     try:
-        reals = _program(req, tgid, dirfd, path, flags, judged)
+        reals = _program(req, tgid, dirfd, path, flags, judged, view(session, tgid))
     except Unresolvable as e:
         if rt.denied_paths:
             raise Denied(errno.EACCES, f"deny_path is active and {e}") from None

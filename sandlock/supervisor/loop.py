@@ -113,6 +113,7 @@ class Session:
         self.net = net  # NetState when the network handlers are in use
         self.runtime = runtime  # supervisor.runtime.Runtime when there is a policy_fn
         self.cow = None         # sandlock.cow.CowLayer when there is a copy-on-write workdir
+        self.own_mounts = False  # the sandbox has a mount namespace of its own (overlay)
         self.cow_max_disk = None
         self.fast = False       # the C fast path answers some of its connects (fastpath.py)
         self.denials: list[dict] = []
@@ -306,7 +307,7 @@ class Supervisor:
         self._thread_state.effective = want
 
     def _answer(self, listener: int, session: Session, notif: seccomp.Notif) -> None:
-        req = Request(listener, notif)
+        req = Request(listener, notif, session.own_mounts)
         name, handler = self._dispatch.get(req.nr, (str(req.nr), None))
         refusal = creation_refusal(name, req.args)
         if refusal is not None:  # the filter's own rule, where NOTIFY replaced it

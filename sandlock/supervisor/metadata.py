@@ -26,7 +26,7 @@ XATTR_SIZE_MAX = 65536
 _UID_UNCHANGED = 0xFFFFFFFF
 
 
-def _check(fd: int, session) -> None:
+def _check(fd: int, session, pid: int = 0) -> None:
     """Decide on the inode behind `fd`; raise Denied unless it may be changed."""
     st = os.fstat(fd)
     if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
@@ -37,10 +37,24 @@ def _check(fd: int, session) -> None:
     policy = session.policy
     if session.cow is not None and is_beneath(path, session.cow.upper):
         return  # the sandbox's private copy in its copy-on-write layer
+    ws = policy.workspace
+    if session.own_mounts and ws is not None and is_beneath(path, ws.workdir) and \
+            _on_overlay(fd, ws.workdir, pid):
+        return  # the overlay backend's view of the workdir: changes reach its layer
     if any(is_beneath(path, d) for d in policy.fs_denied):
         raise Denied(errno.EPERM, f"{path} is in fs_denied")
     if not any(is_beneath(path, w) for w in policy.fs_writable):
         raise Denied(errno.EPERM, f"{path} is outside fs_writable")
+
+
+def _on_overlay(fd: int, workdir: str, pid: int) -> bool:
+    """Is the object behind `fd` in the overlay over the workdir (process `pid`'s view, not
+    the real workdir beneath it)?"""
+    try:
+        mount = os.stat(f"/proc/{pid}/root{workdir}")
+    except OSError:
+        return False
+    return os.fstat(fd).st_dev == mount.st_dev and mount.st_dev != os.stat(workdir).st_dev
 
 
 def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int,
@@ -70,7 +84,7 @@ def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int
 def _run(req: Request, session, fd: int, act) -> int:
     """Check, confirm the notification is still live, act; always close `fd`."""
     try:
-        _check(fd, session)
+        _check(fd, session, req.pid)
         if not req.still_valid():
             raise Denied(errno.ESRCH, "the calling task is gone")
         act(fd)

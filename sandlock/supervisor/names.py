@@ -22,17 +22,18 @@ import os
 
 from .._kernel.fileops import AT_FDCWD
 from .network import CONTINUE, Frozen
-from .paths import Unresolvable, directory_of, resolve
+from .paths import Unresolvable, directory_of, resolve, view
 from .request import Denied, Request
 
 AT_SYMLINK_FOLLOW = 0x400
 AT_EMPTY_PATH = 0x1000
 
 
-def _where(req: Request, tgid: int, dirfd: int, path: bytes, follow: bool) -> str | None:
+def _where(req: Request, session, tgid: int, dirfd: int, path: bytes,
+           follow: bool) -> str | None:
     text = os.fsdecode(path)
     base = "/" if text.startswith("/") else directory_of(req.pid, dirfd, AT_FDCWD)
-    return resolve(tgid, req.pid, base, text, follow_last=follow)
+    return resolve(tgid, req.pid, base, text, follow_last=follow, root=view(session, tgid))
 
 
 def _check(req: Request, session, name: str, paths) -> object:
@@ -41,7 +42,7 @@ def _check(req: Request, session, name: str, paths) -> object:
     tgid, _ = req.process_ids()
     for dirfd, arg, follow in paths:
         try:
-            real = _where(req, tgid, dirfd, req.read_path(arg), follow)
+            real = _where(req, session, tgid, dirfd, req.read_path(arg), follow)
         except Unresolvable as e:
             raise Denied(errno.EACCES, f"deny_path is active and {e}") from None
         refusal = rt.path_refusal(real) if real is not None else None
@@ -58,12 +59,12 @@ def _symlink_check(req: Request, session, ndirfd: int, target_arg: int, link_arg
     tgid, _ = req.process_ids()
     target = os.fsdecode(req.read_path(target_arg))
     try:
-        link = _where(req, tgid, ndirfd, req.read_path(link_arg), False)
+        link = _where(req, session, tgid, ndirfd, req.read_path(link_arg), False)
         if link is None:
             return CONTINUE  # ENOENT in the kernel too
         base = os.path.dirname(link) or "/"
         real = resolve(tgid, req.pid, "/" if target.startswith("/") else base, target,
-                       follow_last=True)
+                       follow_last=True, root=view(session, tgid))
     except Unresolvable as e:
         raise Denied(errno.EACCES, f"deny_path is active and {e}") from None
     for path in (link, real):

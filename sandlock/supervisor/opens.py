@@ -18,17 +18,18 @@ import os
 
 from .._kernel.fileops import AT_FDCWD
 from .network import CONTINUE, Frozen
-from .paths import Unresolvable, directory_of, resolve
+from .paths import Unresolvable, directory_of, resolve, view
 from .request import Denied, Request
 
 O_NOFOLLOW = os.O_NOFOLLOW
 
 
-def _resolve(req: Request, tgid: int, dirfd: int, path: bytes, flags: int) -> str | None:
+def _resolve(req: Request, tgid: int, dirfd: int, path: bytes, flags: int,
+             root: str) -> str | None:
     """The file an open of (dirfd, path) reaches, resolved as the caller would."""
     text = os.fsdecode(path)
     base = "/" if text.startswith("/") else directory_of(req.pid, dirfd, AT_FDCWD)
-    return resolve(tgid, req.pid, base, text, follow_last=not flags & O_NOFOLLOW)
+    return resolve(tgid, req.pid, base, text, follow_last=not flags & O_NOFOLLOW, root=root)
 
 
 def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_of,
@@ -43,7 +44,8 @@ def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_o
         fds_before["event"] = event
     if check_path:
         try:
-            real = _resolve(req, tgid, dirfd, req.read_path(path_arg), flags_of())
+            real = _resolve(req, tgid, dirfd, req.read_path(path_arg), flags_of(),
+                            view(session, tgid))
         except Unresolvable as e:
             raise Denied(errno.EACCES, f"deny_path is active and {e}") from None
         refusal = rt.path_refusal(real) if real is not None else None

@@ -24,12 +24,22 @@ def _components(path: str) -> list[str]:
     return [c for c in path.split("/") if c]
 
 
-def resolve(tgid: int, tid: int, base: str, path: str, follow_last: bool) -> str | None:
+def view(session, tgid: int) -> str:
+    """The prefix under which the supervisor sees what process `tgid` sees: "" when the
+    sandbox shares our mount namespace, else its root (an overlay-backend workspace gives
+    the sandbox a mount namespace of its own)."""
+    return f"/proc/{tgid}/root" if session.own_mounts else ""
+
+
+def resolve(tgid: int, tid: int, base: str, path: str, follow_last: bool,
+            root: str = "") -> str | None:
     """The absolute path `path` names for thread `tid` of process `tgid`, relative to the
-    directory `base` (absolute) when it is relative. None when a directory on the way does
-    not exist (the kernel fails the call too); a missing last component is returned as the
-    path it would have (a file about to be created). Objects that are not files (a pipe
-    reached through /proc/PID/fd) resolve to their /proc link's description."""
+    directory `base` (absolute) when it is relative, as the process sees it (`root`: see
+    `view`; every prefix looked at is free of symlinks, so none is followed in our own
+    namespace). None when a directory on the way does not exist (the kernel fails the
+    call too); a missing last component is returned as the path it would have (a file
+    about to be created). Objects that are not files (a pipe reached through /proc/PID/fd)
+    resolve to their /proc link's description."""
     cur = [] if path.startswith("/") else _components(base)
     todo = _components(path)
     links = 0
@@ -50,7 +60,7 @@ def resolve(tgid: int, tid: int, base: str, path: str, follow_last: bool) -> str
             continue
         candidate = "/" + "/".join(cur + [comp])
         try:
-            st = os.lstat(candidate)
+            st = os.lstat(root + candidate)
         except (FileNotFoundError, NotADirectoryError):
             return candidate if last else None
         except OSError as e:
@@ -60,7 +70,7 @@ def resolve(tgid: int, tid: int, base: str, path: str, follow_last: bool) -> str
             if links > MAX_LINKS:
                 return None  # ELOOP for the kernel as well
             try:
-                target = os.readlink(candidate)
+                target = os.readlink(root + candidate)
             except OSError as e:
                 raise Unresolvable(f"{candidate}: {e.strerror}") from None
             if not target.startswith("/"):
@@ -89,10 +99,10 @@ def directory_of(pid: int, dirfd: int, at_fdcwd: int) -> str:
     return base
 
 
-def interpreter_of(path: str) -> str | None:
+def interpreter_of(path: str, root: str = "") -> str | None:
     """The interpreter a `#!` script names (the kernel opens it without a syscall)."""
     try:
-        with open(path, "rb") as f:
+        with open(root + path, "rb") as f:
             head = f.read(256)
     except OSError:
         return None

@@ -35,15 +35,16 @@ def thread_group(tid: int) -> int:
 
 
 class Request:
-    __slots__ = ("listener", "id", "pid", "nr", "args", "_pidfd")
+    __slots__ = ("listener", "id", "pid", "nr", "args", "_pidfd", "own_mounts")
 
-    def __init__(self, listener: int, notif: seccomp.Notif):
+    def __init__(self, listener: int, notif: seccomp.Notif, own_mounts: bool = False):
         self.listener = listener
         self.id = notif.id
         self.pid = notif.pid
         self.nr = notif.data.nr
         self.args = tuple(notif.data.args)
         self._pidfd = -1
+        self.own_mounts = own_mounts  # the caller has a mount namespace of its own
 
     def arg_int(self, i: int) -> int:
         """A C `int` argument (sign-extended from the low 32 bits, as the kernel reads it)."""
@@ -99,8 +100,12 @@ class Request:
     def open_target(self, dirfd_arg: int, path: bytes, at_flags: int, follow: bool) -> int:
         """Resolve (dirfd, path) as the child would and return an O_PATH fd on the result.
 
-        The child's root is the supervisor's root (chroot and mount namespaces are denied
-        to sandboxes), so absolute paths resolve identically.
+        The child's root is the supervisor's root (chroot is denied to sandboxes), so
+        absolute paths resolve identically, except in a mount namespace of the sandbox's
+        own (the overlay backend's): there they are resolved from its root with
+        RESOLVE_IN_ROOT, so that an absolute symlink is followed in its view, not ours.
+        /proc is the same in both (no pid namespace), and its magic links lead where
+        the child's would.
         """
         oflags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
         for own in (b"/proc/self/", b"/proc/thread-self/"):  # the caller's, not ours
@@ -110,6 +115,15 @@ class Request:
             if not at_flags & AT_EMPTY_PATH:
                 raise Denied(errno.ENOENT, "empty path")
             return self._dir_base(dirfd_arg)
+        if self.own_mounts:
+            full = path if path.startswith(b"/") else self._base_path(dirfd_arg) + b"/" + path
+            if not os.path.normpath(full).startswith(b"/proc/"):
+                from .._kernel.fileops import RESOLVE_IN_ROOT, openat2
+                root = os.open(f"/proc/{self.pid}/root", os.O_PATH | os.O_CLOEXEC)
+                try:
+                    return openat2(root, os.fsdecode(full), oflags, 0, RESOLVE_IN_ROOT)
+                finally:
+                    os.close(root)
         if path.startswith(b"/"):
             return os.open(path, oflags)
         base = self._dir_base(dirfd_arg)
@@ -117,6 +131,19 @@ class Request:
             return os.open(path, oflags, dir_fd=base)
         finally:
             os.close(base)
+
+    def _base_path(self, dirfd_arg: int) -> bytes:
+        """The path, in the caller's view, of the directory a relative path starts from."""
+        link = (f"/proc/{self.pid}/cwd" if dirfd_arg == AT_FDCWD
+                else f"/proc/{self.pid}/fd/{dirfd_arg}")
+        try:
+            base = os.readlink(os.fsencode(link))
+        except OSError as e:
+            raise Denied(errno.EBADF if dirfd_arg != AT_FDCWD else errno.ENOENT,
+                         f"no directory to start from ({e.strerror})") from None
+        if not base.startswith(b"/") or base.endswith(b" (deleted)"):
+            raise Denied(errno.ENOENT, "the directory to start from is gone")
+        return base
 
     def _dir_base(self, dirfd_arg: int) -> int:
         if dirfd_arg == AT_FDCWD:

@@ -1,0 +1,45 @@
+"""A private temporary directory for each sandbox (`private_tmp`, on by default with a
+workdir and under `net-run`): compilers and package managers get a writable TMPDIR
+without a grant on the host's /tmp, where other users' and programs' files are.
+
+Each Sandbox has one root, made when its kernel objects are built (Landlock grants writes
+beneath it, and only there); each run gets a directory of its own beneath that root as
+TMPDIR, removed when the run ends; the root is removed with the Sandbox (or when the
+process exits).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+
+
+def _remove(path: str) -> None:
+    def onerror(func, p, exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            func(p)
+        except OSError:
+            pass
+    shutil.rmtree(path, onerror=onerror)
+
+
+class PrivateTmp:
+    def __init__(self):
+        self.root = os.path.realpath(tempfile.mkdtemp(prefix="sandlock-tmp-"))
+        self._finalizer = weakref.finalize(self, _remove, self.root)
+
+    def new_run(self) -> str:
+        """A fresh directory for one run's TMPDIR."""
+        path = tempfile.mkdtemp(prefix="run-", dir=self.root)
+        os.chmod(path, 0o700)
+        return path
+
+    def end_run(self, path: str) -> None:
+        if os.path.dirname(path) == self.root:
+            _remove(path)
+
+    def close(self) -> None:
+        self._finalizer()

@@ -1,0 +1,260 @@
+"""Real developer work in a copy-on-write workspace, against each backend on this machine.
+
+Each workflow runs twice from the same starting tree: bare (a plain shell in a directory)
+and sandboxed with that tree as the workdir (on_exit=COMMIT). Both must end with the same
+exit status, the same output and, after the commit, the same tree (paths, kinds, exec
+bits, contents, symlink targets). The workdir's own path is written as <W> in outputs and
+file contents, so that the two runs can be compared. What is volatile by nature (git's
+index, compiled caches, archives holding timestamps) is compared by kind only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import zipfile
+
+import pytest
+
+from conftest import IS_ROOT
+from sandlock import BranchAction, Sandbox, system_devices, system_readable
+
+MAIN_C = b'#include <stdio.h>\nint main(void) { puts("hello from C"); return 0; }\n'
+GIT_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE":
+             "2026-01-01T00:00:00Z"}
+
+
+def _write(root: str, files: dict) -> None:
+    for rel, data in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if isinstance(data, tuple):  # (content, mode)
+            data, mode = data
+        else:
+            mode = 0o644
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, mode)
+
+
+def _wheel(root: str) -> None:
+    files = {"demo/__init__.py": b"X = 42\n",
+             "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+             "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+                                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = ""
+    for name, data in files.items():
+        h = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={h},{len(data)}\n"
+    record += "demo-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(os.path.join(root, "demo-1.0-py3-none-any.whl"), "w") as z:
+        for name, data in files.items():
+            z.writestr(zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0)), data)
+        z.writestr(zipfile.ZipInfo("demo-1.0.dist-info/RECORD", (2026, 1, 1, 0, 0, 0)), record)
+
+
+def _npm_tarball(root: str) -> None:
+    dep = os.path.join(root, "..", "npm-dep")
+    _write(dep, {"package.json": b'{"name": "dep", "version": "1.0.0", "main": "index.js"}\n',
+                 "index.js": b'module.exports = "dep says hi";\n'})
+    subprocess.run(["npm", "pack", "--silent", "--pack-destination", root], cwd=dep,
+                   check=True, capture_output=True, env=_env(root))
+
+
+def _git_repo(root: str) -> None:
+    _write(root, {"f": b"one\n"})
+    env = _env(root)
+    for args in (["init", "-q", "-b", "main", "."], ["add", "-A"],
+                 ["commit", "-qm", "first"]):
+        subprocess.run(["git", *args], cwd=root, check=True, env=env, capture_output=True)
+    _write(root, {"f": b"one\ntwo\n"})
+    subprocess.run(["git", "commit", "-qam", "second"], cwd=root, check=True, env=env,
+                   capture_output=True)
+
+
+# name -> (setup files or function, script, paths compared by kind only)
+WORKFLOWS = {
+    "cc-and-run": ({"main.c": MAIN_C}, "cc main.c -o app && ./app", ()),
+    "cd-into-new-build-dir": ({"main.c": MAIN_C},
+                              "mkdir build && cd build && cc ../main.c -o app && ./app && "
+                              "basename \"$PWD\"", ()),
+    "make-and-run": ({"hello.c": MAIN_C, "Makefile": b"hello: hello.c\n\tcc -o hello hello.c\n"},
+                     "make -s && ./hello", ()),
+    "generated-script": ({}, "printf '#!/bin/sh\\necho \"gen $0 $1\"\\n' > run.sh && "
+                             "chmod +x run.sh && ./run.sh arg", ()),
+    "venv": ({}, "python3 -m venv --without-pip .venv && .venv/bin/python -c "
+                 "'import sys; print(sys.prefix != sys.base_prefix)'", ()),
+    "mv-then-cd": ({}, "mkdir -p a/b && mv a c && cd c/b && touch f && ls -R ../..", ()),
+    "tar-round-trip": ({"pkg/a.txt": b"a\n", "pkg/bin/tool": (b"#!/bin/sh\necho t\n", 0o755),
+                        "pkg/sub/b.txt": b"b\n"},
+                       "tar czf pkg.tgz pkg && rm -r pkg && tar xzf pkg.tgz && "
+                       "pkg/bin/tool && ls -R pkg", ("pkg.tgz",)),
+    "git-init-add-commit": ({"src/x.py": b"print(1)\n", "README": b"hi\n"},
+                            "git init -q -b main . && git add -A && git commit -qm init && "
+                            "git log --format=%H%n%s && git status --porcelain",
+                            (".git/index",)),
+    "cmake-out-of-tree": ({"hello.c": MAIN_C, "CMakeLists.txt":
+                           b"cmake_minimum_required(VERSION 3.10)\nproject(h C)\n"
+                           b"add_executable(hello hello.c)\n"},
+                          "mkdir build && cd build && cmake .. >/dev/null && make -s && ./hello",
+                          ("build/CMakeFiles", "build/CMakeCache.txt", "build/Makefile",
+                           "build/cmake_install.cmake")),
+    "cd-into-created-symlink": ({}, "mkdir real && ln -s real link && cd link && touch f && "
+                                    "ls ../real", ()),
+    "rm-mkdir-cd": ({"d/old1": b"1\n", "d/sub/old2": b"2\n"},
+                    "rm -rf d && mkdir d && cd d && touch new && ls", ()),
+    "pip-local-wheel-into-venv": (_wheel,
+                                  "python3 -m venv --without-pip .venv && python3 -m pip "
+                                  "--python .venv/bin/python install -q --no-index "
+                                  "--no-cache-dir ./demo-1.0-py3-none-any.whl && "
+                                  ".venv/bin/python -c 'import demo; print(demo.X)'", ()),
+    "npm-local-tarball": (_npm_tarball,
+                          "export npm_config_cache=$TMPDIR/npm-cache && "
+                          "npm init -y >/dev/null && npm install --offline --no-audit "
+                          "--no-fund --silent ./dep-1.0.0.tgz && "
+                          "node -e 'console.log(require(\"dep\"))'", ()),
+    "test-runner-caches": ({"test_x.py": b"import unittest\nclass T(unittest.TestCase):\n"
+                                         b"    def test_a(self):\n        self.assertTrue(1)\n"},
+                           "python3 -m unittest -q 2>&1 | tail -1 && ls __pycache__",
+                           ("__pycache__",)),
+    "git-stash-checkout-rebase": (_git_repo,
+                                  "echo local > notes && git stash -q -u && "
+                                  "git checkout -q -b feature && echo feat > g && git add g && "
+                                  "git commit -qm feat && git checkout -q main && "
+                                  "echo three >> f && git commit -qam third && "
+                                  "git checkout -q feature && git rebase -q main && "
+                                  "git stash pop -q && git log --format=%s && "
+                                  "git status --porcelain && cat f",
+                                  (".git/index", ".git/ORIG_HEAD")),
+    "tmpdir-scratch": ({}, "d=$(mktemp -d) && echo x > $d/f && cat $d/f && rm -r $d", ()),
+    "rename-over-and-hardlink": ({"x": b"a\n", "y": b"b\n"},
+                                 "mv y x && cat x && ln x z && echo c >> z && cat x", ()),
+}
+
+
+def _env(root: str) -> dict:
+    home = os.path.join(os.path.dirname(root), "home")
+    if not os.path.isdir(home):
+        os.makedirs(home)
+        with open(os.path.join(home, ".gitconfig"), "w") as f:
+            f.write("[user]\n\tname = Test\n\temail = test@example.com\n"
+                    "[init]\n\tdefaultBranch = main\n[advice]\n\tdetachedHead = false\n")
+        os.chmod(home, 0o755)
+    return {"HOME": home, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8", **GIT_DATES}
+
+
+def _prepare(base: str, name: str) -> str:
+    """A fresh copy of the workflow's starting tree at base/<same name for both runs>."""
+    setup = WORKFLOWS[name][0]
+    root = os.path.join(base, "proj")
+    os.makedirs(root)
+    if callable(setup):
+        setup(root)
+    else:
+        _write(root, setup)
+    for dirpath, dirnames, filenames in os.walk(base):
+        os.chmod(dirpath, 0o777)
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) | 0o666)
+    return root
+
+
+def snapshot(root: str, volatile=()) -> dict:
+    """rel -> what a person would call the same tree: kind, exec bit, content or target,
+    with the workdir's own path written as <W>."""
+    out = {}
+    token = os.fsencode(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            st = os.lstat(path)
+            if any(rel == v or rel.startswith(v + "/") for v in volatile) and \
+                    rel not in volatile:
+                continue  # beneath a volatile directory: not compared at all
+            # Compiled caches hold the source's mtime, and pip's RECORD their hashes.
+            cache = "__pycache__" in rel.split("/")[:-1] or rel.endswith(".dist-info/RECORD")
+            if stat.S_ISDIR(st.st_mode):
+                out[rel] = "dir"
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = ("link", os.readlink(path).replace(root, "<W>"))
+            elif rel in volatile or cache:
+                out[rel] = "file"
+            else:
+                with open(path, "rb") as f:
+                    data = f.read().replace(token, b"<W>")
+                out[rel] = ("file", bool(st.st_mode & 0o111), hashlib.sha256(data).hexdigest())
+    return out
+
+
+def run_bare(name: str, base: str):
+    root = _prepare(base, name)
+    tmp = os.path.join(base, "tmp")
+    os.mkdir(tmp)
+    r = subprocess.run(["sh", "-c", WORKFLOWS[name][1]], cwd=root, capture_output=True,
+                       env={**_env(root), "TMPDIR": tmp}, timeout=120)
+    return r.returncode, r.stdout.replace(os.fsencode(root), b"<W>"), root
+
+
+def run_workspace(name: str, base: str, backend: str):
+    root = _prepare(base, name)
+    env = _env(root)
+    sb = Sandbox(fs_readable=system_readable() + [env["HOME"]],
+                 fs_writable=system_devices(), workdir=root, cwd=root, clean_env=True,
+                 env=env, on_exit=BranchAction.COMMIT, on_error=BranchAction.COMMIT,
+                 workspace_backend=backend, fs_storage=os.path.join(base, "storage"))
+    r = sb.run(["sh", "-c", WORKFLOWS[name][1]], timeout=120)
+    assert r.error is None or "exit" in (r.error or ""), r.error
+    return r.exit_code, r.stdout.replace(os.fsencode(root), b"<W>"), root, r
+
+
+def _overlay_refusal():
+    from sandlock.workspace_policy import overlay_refusal
+    d = tempfile.mkdtemp()
+    try:
+        os.mkdir(os.path.join(d, "w"))
+        os.mkdir(os.path.join(d, "s"))
+        return overlay_refusal(os.path.join(d, "w"), os.path.join(d, "s"), None)
+    finally:
+        shutil.rmtree(d)
+
+
+OVERLAY_REFUSAL = _overlay_refusal()
+BACKENDS = [pytest.param("overlay", marks=pytest.mark.skipif(
+    OVERLAY_REFUSAL is not None, reason=f"overlay backend unavailable: {OVERLAY_REFUSAL}")),
+    "seccomp"]
+
+
+@pytest.fixture(scope="module")
+def bare_results(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            base = str(tmp_path_factory.mktemp("bare"))
+            os.chmod(base, 0o777)
+            rc, out, root = run_bare(name, base)
+            cache[name] = (rc, out, snapshot(root, WORKFLOWS[name][2]))
+        return cache[name]
+    return get
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(WORKFLOWS))
+def test_workflow_matches_a_real_filesystem(name, backend, bare_results, tmp_path):
+    for tool in ("cc", "make", "git", "cmake", "npm", "node", "tar"):
+        if tool in WORKFLOWS[name][1] and shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    rc, out, tree = bare_results(name)
+    assert rc == 0, (name, out)  # the workflow itself works on a real filesystem
+    os.chmod(tmp_path, 0o777)
+    wrc, wout, root, result = run_workspace(name, str(tmp_path), backend)
+    assert (wrc, wout) == (rc, out), (result.stderr.decode(errors="replace"), result.denials)
+    assert snapshot(root, WORKFLOWS[name][2]) == tree
