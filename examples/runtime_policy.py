@@ -87,8 +87,9 @@ def setup_then_offline(index_dir, port, seen):
 
 def block_downloaders(port):
     def no_downloaders(event, ctx):
-        if event.syscall in ("execve", "execveat") and event.argv and \
-                os.path.basename(event.argv[0]) in ("curl", "wget"):
+        # event.path is the program the kernel runs (argv[0] is what the caller chose)
+        if event.syscall in ("execve", "execveat") and event.path and \
+                os.path.basename(event.path) in ("curl", "wget"):
             return errno.EACCES  # the exec fails with "Permission denied"
         return None
 
@@ -96,7 +97,7 @@ def block_downloaders(port):
                              policy_fn=no_downloaders, policy_fn_events=["exec"])
     r = sb.run(["/bin/sh", "-c", f"curl -s http://127.0.0.1:{port}/ || echo 'curl: refused'; "
                 "python3 -c 'print(\"python3: runs as usual\")'"], timeout=60)
-    show("2. curl and wget refused by argv", r)
+    show("2. curl and wget refused by program", r)
     return r
 
 

@@ -102,6 +102,12 @@ class Pins:
                 return ()
             return tuple(n for n, exp in entry.items() if exp > now)
 
+    def addresses_for(self, name: str) -> tuple[IPAddress, ...]:
+        """The addresses `name` is pinned to now."""
+        now = time.monotonic()
+        with self._lock:
+            return tuple(a for a, names in self._names.items() if names.get(name, 0) > now)
+
     def expiry(self, address: IPAddress) -> float | None:
         """When names_for(address) first changes by expiry (None: no live name)."""
         now = time.monotonic()

@@ -17,15 +17,17 @@ from .dns import answer_query
 
 IDLE_TIMEOUT = 10.0      # per connection, in total: a slow client cannot hold a thread
 MAX_QUERY = 4096
-MAX_CONNECTIONS = 64     # served at once, across all sandboxes
+MAX_CONNECTIONS = 1024   # served at once, across all sandboxes (a memory bound)
+PER_SANDBOX = 16         # served at once for one sandbox: it cannot shut out the others
 EXPECT_TTL = 10.0        # a registered client that never connects is forgotten
 
 
 class DnsContext:
-    def __init__(self, allowed, resolver, pins, on_decision=None):
+    def __init__(self, allowed, resolver, pins, on_decision=None, slots=None):
         self.allowed = allowed
         self.resolver = resolver
         self.pins = pins
+        self.slots = slots  # the sandbox's share of connections (a semaphore), or None
         # callable(name or None, refusal reason or None) for the audit log
         self.on_decision = on_decision
 
@@ -71,7 +73,14 @@ class DnsTcpProxy:
         if entry is None or not self._slots.acquire(blocking=False):
             conn.close()  # nobody we redirected, or too many at once
             return
-        threading.Thread(target=self._serve, args=(conn, entry[0]), daemon=True).start()
+        ctx = entry[0]
+        if ctx.slots is not None and not ctx.slots.acquire(blocking=False):
+            self._slots.release()
+            if ctx.on_decision:
+                ctx.on_decision(None, f"more than {PER_SANDBOX} DNS connections at once")
+            conn.close()
+            return
+        threading.Thread(target=self._serve, args=(conn, ctx), daemon=True).start()
 
     def _serve(self, conn: socket.socket, ctx: DnsContext) -> None:
         deadline = time.monotonic() + IDLE_TIMEOUT
@@ -101,6 +110,8 @@ class DnsTcpProxy:
         finally:
             conn.close()
             self._slots.release()
+            if ctx.slots is not None:
+                ctx.slots.release()
 
 
 def _recv_exact(conn: socket.socket, n: int, deadline: float) -> bytes | None:

@@ -61,7 +61,8 @@ class HttpContext:
     port."""
 
     def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
-                 info=None, intercept=None, upgrades=frozenset(), slots=None):
+                 info=None, intercept=None, upgrades=frozenset(), slots=None,
+                 addresses_for=None):
         self.address = ipaddress.ip_address(address)
         self.port = port
         self.intercept = intercept  # tls_intercept.Interceptor, or None (SNI only)
@@ -70,6 +71,7 @@ class HttpContext:
         self.sni: str | None = None  # set once an intercepted connection's SNI is known
         self.policy = policy
         self.names_for = names_for  # address -> names the sandbox resolved to it
+        self.addresses_for = addresses_for or (lambda name: ())  # name -> pinned addresses
         self.audit = audit          # callable(**record), or None
         self.info = info or {}      # sandbox, pid, argv for the audit records
 
@@ -169,6 +171,18 @@ def aliases(ctx: HttpContext, host: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def tunnel_aliases(ctx: HttpContext, host: str) -> tuple[str, ...]:
+    """Every other name a CONNECT target is known by: for an address, the names pinned to
+    it; for a name, the names sharing one of its pinned addresses, and those addresses."""
+    literal = _literal(host)
+    addresses = (literal,) if literal is not None else ctx.addresses_for(host)
+    out = {}
+    for a in addresses:
+        out.update(dict.fromkeys((*ctx.names_for(a), str(a))))
+    out.pop(host, None)
+    return tuple(out)
+
+
 def _decide_connect(ctx: HttpContext, req: h11.Request) -> Decided:
     """CONNECT through an allowed HTTP proxy: only when the policy allows tunnels, and then
     decided on the tunnel's host alone (what passes inside is not inspected)."""
@@ -178,7 +192,7 @@ def _decide_connect(ctx: HttpContext, req: h11.Request) -> Decided:
     host, port = _parse_host(req.target.decode("latin-1"))
     if port is None:
         raise Refusal(400, "CONNECT target without a port")
-    verdict = decide_tls_host(ctx.policy, host)
+    verdict = decide_tls_host(ctx.policy, host, tunnel_aliases(ctx, host))
     if not verdict.allowed:
         raise Refusal(403, verdict.reason, verdict.rule, method="CONNECT", host=host)
     authority = _authority(host, port)

@@ -231,6 +231,8 @@ def clone_refusal(flags: int, runtime: bool) -> str | None:
             return "clone with a namespace flag"
     if flags & (_CLONE_FILES | _CLONE_THREAD) == _CLONE_FILES:
         return "CLONE_FILES outside a thread group"
+    if flags & (_CLONE_FILES | _CLONE_THREAD) == _CLONE_THREAD:
+        return "a thread with an fd table of its own (CLONE_THREAD without CLONE_FILES)"
     if runtime and flags & _CLONE_PARENT:
         return "CLONE_PARENT (a sibling outside the program's process tree)"
     return None
@@ -328,10 +330,15 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
         f.add_rule(eperm, "personality", sc.Arg(0, sc.MASKED_EQ, flag | 1 << 31, flag))
     for name in NOTIFY_SYSCALLS:
         f.add_rule(sc.NOTIFY if supervised else eperm, syscall_number(name))
-    # fd tables are shared only between threads: the supervisor relies on it (see
-    # supervisor.network) to know when the kernel's re-read of an fd cannot differ.
+    # fd tables are shared exactly by the threads of a process: the supervisor relies on
+    # it (see supervisor.network) to know when the kernel's re-read of an fd cannot
+    # differ, and that the process's fds are the caller's.
     f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_FILES | _CLONE_THREAD,
                                       _CLONE_FILES))
+    # ... and a thread group has one fd table: a thread of its own table would make the
+    # process's fds (which the supervisor duplicates and checks) not the caller's.
+    f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_FILES | _CLONE_THREAD,
+                                      _CLONE_THREAD))
     if supervised:
         f.add_rule(sc.NOTIFY, "listen")  # listen() on an unbound socket binds a port
     elif deny_listen:

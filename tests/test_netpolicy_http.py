@@ -143,3 +143,27 @@ def test_named_hosts_are_the_concrete_names_only():
     p = HttpPolicy.from_rules(["GET api.test/x", "* *.wild.test", "GET 127.0.0.1/"],
                               ["* admin.test", "* *"])
     assert p.named_hosts() == ("api.test", "admin.test")
+
+
+@pytest.mark.parametrize("target", [b"secret.test:443", b"10.9.9.9:443",
+                                    b"[::ffff:10.9.9.9]:443", b"other.test:443"])
+def test_connect_tunnels_meet_deny_rules_under_every_name(target):
+    """Second review: a CONNECT target was judged under its spelling only: the address a
+    denied name resolved to (or another name of it) tunnelled past `* secret.test`."""
+    import ipaddress
+    import h11
+    from netpolicy.http_proxy import HttpContext, Refusal, decide_request
+    from netpolicy.http_rules import HttpPolicy
+    policy = HttpPolicy.from_rules(allow=(), deny=["* secret.test"])
+    secret = ipaddress.ip_address("10.9.9.9")
+    names = {secret: ("secret.test", "other.test")}
+    ctx = HttpContext("127.0.0.1", 3128, policy, lambda a: names.get(a, ()),
+                      upgrades={"connect"},
+                      addresses_for=lambda n: (secret,) if n in ("secret.test", "other.test")
+                      else ())
+    req = h11.Request(method=b"CONNECT", target=target, headers=[(b"host", target)])
+    with pytest.raises(Refusal, match="secret.test"):
+        decide_request(ctx, req)
+    control = h11.Request(method=b"CONNECT", target=b"10.1.1.1:443",
+                          headers=[(b"host", b"10.1.1.1:443")])
+    assert decide_request(ctx, control).method == b"CONNECT"

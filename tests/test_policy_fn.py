@@ -679,3 +679,67 @@ def test_open_path_zeroed_by_a_killed_sibling_reads_nothing_denied(open_killed_s
         assert any("killed before it could use the file" in d["reason"] for d in r.denials)
     r = sb.run([open_killed_sibling, str(secret_tree), "100", "nosibling"], timeout=30)
     assert r.stdout == b"errno 2\n" and r.success, r  # control: the judged path, unchanged
+
+
+def _compile(tmp_path_factory, name):
+    d = tmp_path_factory.mktemp(name)
+    exe = d / name
+    subprocess.run(["gcc", "-O2", "-o", str(exe), os.path.join(HERE, "helpers", f"{name}.c")],
+                   check=True)
+    os.chmod(d, 0o755)
+    return str(exe)
+
+
+def test_a_thread_never_gets_an_fd_table_of_its_own(tmp_path_factory):
+    """Second review: a CLONE_THREAD thread without CLONE_FILES had its own fd table, so
+    the supervisor judged and duplicated the leader's fds instead of the caller's (a bind
+    skipped the policy_fn; an open's check looked at the wrong table)."""
+    exe = _compile(tmp_path_factory, "thread_own_files")
+    r = sandbox(fs_readable=[exe]).run([exe], timeout=30)
+    assert r.stdout == b"refused 1\n", r
+    bare = subprocess.run([exe], capture_output=True)
+    assert bare.stdout == b"started\n"  # control: the kernel itself allows it
+
+
+def test_open_check_reads_the_callers_own_fd_table(tmp_path_factory, secret_tree):
+    """Second review: after the group leader exited (SYS_exit), /proc/TGID/fd lists
+    nothing; the killed sibling's path truncation then went unseen. The check reads the
+    thread's own table."""
+    exe = _compile(tmp_path_factory, "open_zombie_leader")
+    slow = set()
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.argv and event.argv[-1] == "armed":
+            ctx.deny_path(str(secret_tree / "secret"))
+            slow.add(event.pid)
+        elif event.category == "file" and event.pid in slow:
+            time.sleep(0.25)
+        return None
+    sb = sandbox(fs_readable=[exe, str(secret_tree)], policy_fn=fn,
+                 policy_fn_events=["exec", "file"])
+    for i in range(2):
+        r = sb.run([exe, str(secret_tree), "200"], timeout=30)
+        assert b"TOPSECRET" not in r.stdout and r.signal == 9, (i, r, r.stdout)
+    r = sb.run([exe, str(secret_tree), "200", "nosibling"], timeout=30)
+    assert r.stdout == b"open failed\n", r  # control: the judged path reaches nothing
+
+
+def test_exec_events_name_the_program_not_just_argv0():
+    """Second review: a policy refusing curl by argv[0] was bypassed with
+    execve("/usr/bin/curl", ["x", ...]). Exec events carry the program's path."""
+    seen = []
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and event.path:
+            seen.append((event.path, event.argv[0]))
+            if os.path.basename(event.path) == "curl":
+                return errno.EACCES
+        return None
+    code = ("import os\ntry:\n    os.execv('/usr/bin/curl', ['x', '--version'])\n"
+            "except OSError as e:\n    print(e.errno)")
+    r = run_py(sandbox(policy_fn=fn, policy_fn_events=["exec"]), code)
+    assert r.stdout == b"13\n", r
+    assert ("/usr/bin/curl", "x") in seen
+    r = run_py(sandbox(policy_fn=fn, policy_fn_events=["exec"]),
+               "import os; os.execv('/bin/echo', ['x', 'ran'])")
+    assert r.stdout == b"ran\n"  # control

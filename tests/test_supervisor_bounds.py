@@ -266,3 +266,95 @@ def test_restrict_network_covers_dns_to_the_resolver():
 @pytest.fixture(autouse=True)
 def _python_path():
     assert os.path.exists(PY)
+
+
+# -- found by the second review -----------------------------------------------------------
+
+LOOP_STALL = r"""
+import ctypes, os, socket, struct, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+N, IOV, NF = 1024, 1024, 250
+iov = ctypes.create_string_buffer(struct.pack("<QQ", 0, 0) * IOV)
+fds = [os.dup(0) for _ in range(NF)]
+data = struct.pack(f"<{NF}i", *fds)
+ctl = ctypes.create_string_buffer(struct.pack("<Qii", 16 + len(data), 1, 1) + data + b"\0" * 8)
+msgs = ctypes.create_string_buffer(64 * N)
+for i in range(N):
+    struct.pack_into("<QI4xQQQQi4x", msgs, 64 * i, 0, 0, ctypes.addressof(iov), IOV,
+                     ctypes.addressof(ctl), (16 + len(data) + 7) & ~7, 0)
+stop = time.monotonic() + float(sys.argv[1])
+calls = []
+def attack():
+    n = 0
+    while time.monotonic() < stop:
+        libc.syscall(307, a.fileno(), msgs, N, 0x40)  # sendmmsg, MSG_DONTWAIT
+        n += 1
+    calls.append(n)
+ts = [threading.Thread(target=attack) for _ in range(2)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(sum(calls))
+"""
+
+
+def test_many_iovecs_and_fds_never_stall_other_sandboxes(tmp_path):
+    """Second review: 1024 zero-length messages of 1024 iovecs and 250 fds each were handled
+    on the supervisor's loop thread (no payload to count): another sandbox's chmod waited
+    3.9 s. Only small single messages are handled there now; work per call is bounded."""
+    os.chmod(tmp_path, 0o777)
+    (tmp_path / "f").write_text("x")
+    os.chmod(tmp_path / "f", 0o666)
+    attacker = sandbox()
+    other = sandbox(fs_writable=[str(tmp_path)])
+    chmods = ("import os, sys, time\nworst = 0\nend = time.monotonic() + 3\n"
+              "while time.monotonic() < end:\n    t = time.monotonic()\n"
+              "    os.chmod(sys.argv[1], 0o644)\n    worst = max(worst, time.monotonic() - t)\n"
+              "print(worst)")
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("a", run_py(attacker, LOOP_STALL, "4",
+                                                                   timeout=60)))
+    t.start()
+    time.sleep(0.5)
+    worst = run_py(other, chmods, str(tmp_path / "f"), timeout=60)
+    t.join()
+    assert out["a"].success and int(out["a"].stdout) > 0, out["a"]
+    assert float(worst.stdout) < 0.5, worst.stdout
+
+
+DNS_HOLD = r"""
+import socket, sys, time
+socks = [socket.create_connection((sys.argv[1], int(sys.argv[2]))) for _ in range(64)]
+print("holding", len(socks), flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+DNS_ASK = r"""
+import socket, struct, sys, time
+sys.path.insert(0, sys.argv[3])
+import dns.message
+q = dns.message.make_query("api.sandlock.test.", "A").to_wire()
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.sendall(struct.pack("!H", len(q)) + q)
+print(len(s.recv(2)))
+"""
+
+
+def test_one_sandbox_cannot_take_every_dns_connection():
+    """Second review: 64 idle DNS-over-TCP connections from one sandbox filled the shared
+    responder; every other sandbox's lookups were closed unanswered."""
+    srv = TestDnsServer({"api.sandlock.test": ["127.0.0.2"]})
+    host, port = srv.address.split(":")
+    kw = dict(net_allow=["api.sandlock.test:80"], dns_servers=[srv.address],
+              net_allow_private=True)
+    hog, asker = sandbox(**kw), sandbox(fs_readable=[DNSPY_PATH], **kw)
+    assert run_py(asker, DNS_ASK, host, port, DNSPY_PATH).stdout == b"2\n"  # control
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault(
+        "hog", run_py(hog, DNS_HOLD, host, port, "4", timeout=60)))
+    t.start()
+    time.sleep(1.5)
+    r = run_py(asker, DNS_ASK, host, port, DNSPY_PATH)
+    t.join()
+    assert out["hog"].stdout.startswith(b"holding"), out["hog"]
+    assert r.stdout == b"2\n", r  # answered while the other sandbox holds its share

@@ -4,6 +4,9 @@ import ctypes
 
 from .syscall import NR_PIDFD_GETFD, NR_PIDFD_OPEN, syscall
 
+PIDFD_THREAD = 0o200  # O_EXCL: a pidfd on one thread (Linux 6.9)
+
+
 def pidfd_open(pid: int, flags: int = 0) -> int:
     return syscall(NR_PIDFD_OPEN, ctypes.c_int(pid), ctypes.c_uint(flags))
 

@@ -169,6 +169,9 @@ def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, argv_ar
         if rt.denied_paths:
             raise Denied(errno.EACCES, f"deny_path is active and {e}") from None
         reals = []  # the program is then identified only after the exec (verify)
+    if reals:  # the callback decides on the program, not on what argv[0] claims
+        judged.event = event = SyscallEvent(name, "process", tgid, ppid, argv=argv,
+                                            path=reals[0])
     refusal = next((r for r in map(rt.path_refusal, reals) if r is not None), None)
     if refusal is not None:
         rt.record(event, "deny", refusal, errno.EACCES)

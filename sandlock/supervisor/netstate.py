@@ -35,6 +35,7 @@ class NetState:
         self.http_ports = policy.http_ports
         self.http_upgrades = policy.http_upgrades
         self.http_slots = None
+        self.dns_slots = None  # the sandbox's share of the DNS responder (with DNS)
         if self.http is not None:
             from netpolicy.http_proxy import PER_SANDBOX
             self.http_slots = threading.BoundedSemaphore(PER_SANDBOX)
@@ -62,6 +63,8 @@ class NetState:
         self._stop = threading.Event()
         if self.dns_enabled:
             from netpolicy.dns import Pins, Resolver
+            from netpolicy.dns_proxy import PER_SANDBOX as DNS_PER_SANDBOX
+            self.dns_slots = threading.BoundedSemaphore(DNS_PER_SANDBOX)
             self.resolver = Resolver(list(policy.dns_servers) or None)
             self.pins = Pins()
             from .fastpath import forget_all
@@ -146,7 +149,8 @@ class NetState:
                            pins.names_for if pins is not None else (lambda a: ()),
                            record, {"sandbox": session.name, "pid": req.pid,
                                     "argv": argv_of(req.pid)}, self.interceptor,
-                           self.http_upgrades, self.http_slots)
+                           self.http_upgrades, self.http_slots,
+                           pins.addresses_for if pins is not None else None)
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext
@@ -159,4 +163,4 @@ class NetState:
                                   argv=argv_of(pid), syscall="dns", protocol="dns", host=name,
                                   rule="default:dns" if refusal else "dns", reason=refusal)
         return DnsContext(lambda n: self.policy.name_allowed(n) is not None, self.resolver,
-                          self.pins, on_decision)
+                          self.pins, on_decision, self.dns_slots)

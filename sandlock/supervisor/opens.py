@@ -39,8 +39,8 @@ def _decide(req: Request, session, name: str, dirfd: int, path_arg: int, flags_o
     tgid, ppid = req.process_ids()
     event = SyscallEvent(name, "file", tgid, ppid)
     if fds_before is not None:  # what the caller holds before the open (see _opened)
-        fds_before["tgid"] = tgid
-        fds_before["fds"] = set(os.listdir(f"/proc/{tgid}/fd"))
+        fds_before["table"] = table = f"/proc/{tgid}/task/{req.pid}/fd"  # its own table
+        fds_before["fds"] = _listing(table)
         fds_before["event"] = event
     if check_path:
         try:
@@ -77,22 +77,27 @@ def _handler(name: str, dirfd_arg: int | None, path_arg: int, flags_arg: int | N
     return handler
 
 
+def _listing(table: str) -> set[str]:
+    """The fd numbers in one thread's table (/proc/PID/task/TID/fd: still readable when
+    the group leader exited, where /proc/PID/fd lists nothing)."""
+    return set(os.listdir(table))
+
+
 def _opened(req: Request, session, before: dict, outcome: str) -> str | None:
     """After an open let through while paths are denied: the fd it installed (the one
     new number in the caller's table; every task is still frozen) must not reach a denied
     object, whatever the path became between our read and the kernel's."""
     if outcome != "returned" or "fds" not in before:
         return None
-    tgid = before["tgid"]
+    table = before["table"]
     try:
-        new = set(os.listdir(f"/proc/{tgid}/fd")) - before["fds"]
+        new = _listing(table) - before["fds"]
+        refusal = None
     except OSError as e:
         new, refusal = (), f"the opened file could not be checked ({e.strerror})"
-    else:
-        refusal = None
     rt = session.runtime
     for fd in sorted(new):
-        refusal = rt.denied_paths.object_refusal(f"/proc/{tgid}/fd/{fd}")
+        refusal = rt.denied_paths.object_refusal(f"{table}/{fd}")
         if refusal is not None:
             break
     if refusal is not None:

@@ -69,15 +69,22 @@ class Request:
             raise Denied(e.errno or errno.EFAULT, "unreadable path argument") from None
 
     def _get_pidfd(self) -> int:
-        """A pidfd on the calling thread's *process*: fd tables belong to the thread group
-        (the filter refuses CLONE_FILES outside it), and pidfd_getfd wants a leader."""
+        """A pidfd on the calling thread itself (PIDFD_THREAD), so that pidfd_getfd reads
+        the caller's own fd table even after its group leader exited; on kernels without
+        thread pidfds, on its process (the filter makes every thread of a process share
+        one fd table)."""
         if self._pidfd < 0:
             try:
-                self._pidfd = pidfd.pidfd_open(self.pid)
+                self._pidfd = pidfd.pidfd_open(self.pid, pidfd.PIDFD_THREAD)
             except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.ENOENT):  # ENOENT: not a leader
+                if e.errno != errno.EINVAL:
                     raise
-                self._pidfd = pidfd.pidfd_open(thread_group(self.pid))
+                try:
+                    self._pidfd = pidfd.pidfd_open(self.pid)
+                except OSError as e:
+                    if e.errno not in (errno.EINVAL, errno.ENOENT):  # ENOENT: not a leader
+                        raise
+                    self._pidfd = pidfd.pidfd_open(thread_group(self.pid))
             # The pid was a number until now: if the caller died and the number was reused,
             # the notification is no longer valid. Checked after opening, the pidfd then
             # pins the right process for every later use.

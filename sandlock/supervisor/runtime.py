@@ -40,7 +40,9 @@ def category_of(syscall: str) -> str:
 
 @dataclass(frozen=True)
 class SyscallEvent:
-    """One syscall the sandbox made. Paths are never included: only argv for exec."""
+    """One syscall the sandbox made. Paths of files are never included; an exec carries
+    its argv and `path`, the program the kernel will run (resolved as the caller would,
+    and verified after the exec: argv[0] is only what the caller chose to call it)."""
     syscall: str
     category: str  # "file", "network", "process", "memory"
     pid: int
@@ -49,6 +51,7 @@ class SyscallEvent:
     port: int = 0
     argv: tuple[str, ...] | None = None
     denied: bool = False
+    path: str | None = None
 
     def argv_contains(self, s: str) -> bool:
         """True if an argv element contains `s` (exec events only)."""

@@ -10,10 +10,12 @@ or exhaust what the others share (the loop thread, the workers, memory, fds).
 - Copies: a datagram up to its protocol's own limit (UDP and ICMP 65,535 bytes; unix and
   netlink the socket's send buffer, as the kernel checks), refused with EMSGSIZE above it
   and never truncated; a stream message up to what is left of the call's budget (a partial
-  send, as the kernel makes when its buffer is full). A call copies at most INLINE_COPY
-  bytes on the supervisor thread and CALL_COPY on a worker; sendmmsg stops at the budget
-  and reports the messages sent so far. Messages are read one at a time: at most one
-  message's payload is in memory per call.
+  send, as the kernel makes when its buffer is full). Only a single message with few
+  iovecs, no fds to pass and at most INLINE_COPY bytes is handled on the supervisor
+  thread; anything else goes to a worker, where a call copies at most CALL_COPY bytes and
+  handles at most CALL_WORK messages, iovecs and passed fds together; sendmmsg stops at
+  either budget and reports the messages sent so far. Messages are read one at a time:
+  at most one message's payload is in memory per call.
 - Waiting: every send is made with MSG_DONTWAIT. A caller that asked to block is made to
   wait by us, on a worker, in bounded slices: its socket's SO_SNDTIMEO applies, and the
   wait ends when the caller's task is gone (Guard.abort). No on-behalf send outlives the
@@ -45,7 +47,9 @@ MAX_CONTROL = 4096
 UIO_MAXIOV = 1024            # iovecs per message, and messages per sendmmsg (the kernel's)
 DATAGRAM_MAX = 65535         # udp_sendmsg/ping_sendmsg refuse larger (EMSGSIZE)
 INLINE_COPY = 64 << 10       # bytes one call may copy on the supervisor thread
+INLINE_IOVECS = 64           # iovecs a call handled on the supervisor thread may have
 CALL_COPY = 1 << 20          # bytes one call may copy in all, on a worker
+CALL_WORK = 4096             # messages + iovecs + passed fds one call may make us handle
 FD_BUDGET = 512              # SCM_RIGHTS duplicates held at once for one sandbox
 WAIT_SLICE = 0.05            # seconds between checks while a blocking send waits
 _MSGHDR = struct.Struct("<QI4xQQQQi4x")  # name, namelen, iov, iovlen, control, controllen, flags
@@ -236,17 +240,21 @@ class _Send:
         self.nonblocking = bool(flags & socket.MSG_DONTWAIT) or not blocking(fd)
 
     def run(self, budget: int) -> list[int]:
-        """Send the messages in order within `budget` bytes; the count sent of each. A
-        failure after the first message ends the call with what was sent (sendmmsg)."""
+        """Send the messages in order within `budget` bytes (and CALL_WORK units of work);
+        the count sent of each. A failure after the first message ends the call with what
+        was sent (sendmmsg)."""
         sent: list[int] = []
+        work = CALL_WORK
         try:
             for i in range(self.count):
                 try:
                     header = self.header_of(i)
                     if self.datagram and header.size > self.limit:
                         raise Denied(errno.EMSGSIZE, "message too long for its socket")
-                    if sent and header.size > budget:
+                    cost = 1 + len(header.iov) + _passed_fds(header.control)
+                    if sent and (header.size > budget or cost > work):
                         break  # what is left goes in the caller's next call
+                    work -= cost
                     n = self._send_one(header, min(header.size, max(budget, 0))
                                        if not self.datagram else header.size)
                 except (OSError, Denied):
@@ -336,6 +344,15 @@ class _Send:
         return time.monotonic() + sec + usec / 1e6 if sec or usec else None
 
 
+def _passed_fds(control: bytes) -> int:
+    """How many fds the control messages pass (SCM_RIGHTS), without duplicating any."""
+    try:
+        return sum(len(data) // 4 for level, ctype, data in _cmsgs(control)
+                   if level == socket.SOL_SOCKET and ctype == SCM_RIGHTS)
+    except Denied:
+        return 0  # malformed: refused when the message is checked
+
+
 _FLAGS_ARG = {"sendto": 3, "sendmsg": 2, "sendmmsg": 3}
 
 
@@ -358,7 +375,9 @@ def _send(req: Request, session, syscall: str, header_of, count: int,
         raise
     waits = (not call.nonblocking or flags & MSG_FASTOPEN
              or (stype == SOCK_DGRAM and session.net.dns_enabled))  # DNS: our resolution
-    if waits or (first is not None and first.size > INLINE_COPY):
+    small = (count == 1 and first is not None and first.size <= INLINE_COPY
+             and len(first.iov) <= INLINE_IOVECS and not _passed_fds(first.control))
+    if waits or not small:
         return Defer(lambda: finish(call.run(CALL_COPY)), call.guard)
     return finish(call.run(INLINE_COPY))
 
