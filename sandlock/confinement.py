@@ -38,14 +38,18 @@ class Confinement:
 
     _rules: dict | None = None
 
-    def run_ruleset(self) -> landlock.LandlockRuleset | None:
-        """A ruleset of this policy for one run (the caller closes it); the path rules are
-        planned once."""
+    def run_ruleset(self, extra: dict | None = None) -> landlock.LandlockRuleset | None:
+        """A ruleset of this policy for one run, with `extra` path rules (path -> rights)
+        for that run's own objects (its workspace layer); the caller closes it. The
+        policy's path rules are planned once."""
         if self._policy is None:
             return None
         if self._rules is None:
             self._rules = _plan(self._policy)
-        return _build_ruleset(self._policy, self._abi, rules=self._rules)
+        rules = dict(self._rules)
+        for path, rights in (extra or {}).items():
+            rules[path] = rules.get(path, 0) | rights
+        return _build_ruleset(self._policy, self._abi, rules=rules)
 
     # The fds live exactly as long as this object: a launch holds a reference while it
     # passes them to the child, and a Sandbox drops its Confinement when a field changes.
@@ -137,8 +141,11 @@ def build(policy: Policy) -> Confinement:
                                         udp=policy.udp, icmp=policy.icmp,
                                         runtime_events=policy.runtime_events,
                                         cow=policy.workspace is not None
-                                        and policy.workspace.backend == "seccomp")
-    overlay = policy.workspace is not None and policy.workspace.backend == "overlay"
+                                        and policy.workspace.backend == "seccomp",
+                                        overlay=policy.workspace is not None
+                                        and policy.workspace.backend == "overlay")
+    workspace = policy.workspace is not None
+    overlay = workspace and policy.workspace.backend == "overlay"
     return Confinement(
         ruleset=_build_ruleset(policy, kf.landlock_abi),
         bpf_fd=_sealed_memfd("sandlock-bpf", bpf),
@@ -151,5 +158,5 @@ def build(policy: Policy) -> Confinement:
         subreaper=policy.policy_fn is not None,
         overlay_rights=(landlock.fs_rights_for_abi(kf.landlock_abi) & fs_rules.WRITE_RIGHTS
                         if overlay else 0),
-        _policy=policy if overlay else None, _abi=kf.landlock_abi,
+        _policy=policy if workspace else None, _abi=kf.landlock_abi,
     )

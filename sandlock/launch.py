@@ -87,7 +87,8 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
 
 
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
-          cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None) -> Spawned:
+          cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None,
+          run_rules: dict | None = None) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit).
 
     `attach(listener_fd, pid)` hands our duplicate of the listener to the supervisor; it
@@ -97,8 +98,12 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     if not os.access(HELPER, os.X_OK):
         raise SandboxError(f"the sandlock-exec helper is missing ({HELPER}); build it with "
                            f"'make helper' or reinstall sandlock")
-    # An overlay run's trampoline adds a rule for its own mount: a ruleset for it alone.
-    ruleset = conf.run_ruleset() if overlay is not None else conf.ruleset
+    # A workspace run has rules of its own (its layer; the trampoline adds one for an
+    # overlay mount): a ruleset for it alone.
+    if overlay is not None or run_rules:
+        ruleset = conf.run_ruleset(run_rules)
+    else:
+        ruleset = conf.ruleset
     try:
         return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay)
     finally:

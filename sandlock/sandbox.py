@@ -267,7 +267,8 @@ class Sandbox:
                 conf, os.fsencode(exe), [os.fsencode(a) for a in argv],
                 env, policy.cwd, child_fds,
                 attach=lambda listener, pid: supervisor().attach(listener, session, pid),
-                overlay=workspace.overlay if workspace is not None else None)
+                overlay=workspace.overlay if workspace is not None else None,
+                run_rules=workspace.run_rules if workspace is not None else None)
         except BaseException:
             for fd in parent_ends:
                 if fd >= 0:
@@ -691,6 +692,16 @@ class _Workspace:
             session.cow_max_disk = ws.max_disk
         return cls(layer, _action(on_exit, "on_exit"), _action(on_error, "on_error"),
                    ws.max_disk)
+
+    @property
+    def run_rules(self) -> dict | None:
+        """Landlock rules of this run's own (the seccomp backend's layer: its upper tree is
+        read and executed by the kernel for exec and chdir re-issued there; never written
+        but by the supervisor)."""
+        if getattr(self.layer, "backend", None) == "overlay":
+            return None
+        from .fs_rules import READ_RIGHTS
+        return {self.layer.upper: READ_RIGHTS}
 
     @property
     def overlay(self) -> tuple[str, str, str] | None:

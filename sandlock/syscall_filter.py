@@ -220,6 +220,10 @@ def creation_refusal(name: str, args) -> str | None:
     return None
 
 
+# An overlay-backend workspace: directory renames the overlay refuses (supervisor.overlay_calls).
+OVERLAY_SYSCALLS = ("rename", "renameat", "renameat2")
+
+
 def clone_refusal(flags: int, runtime: bool) -> str | None:
     """Why clone(flags) is refused, or None. The same checks as the BPF rules below: when
     clone is also sent to the supervisor (a policy_fn's process events), libseccomp lets
@@ -242,7 +246,8 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
                    deny_inet: bool = False, net_supervised: bool = False,
                    udp: bool = False, icmp: bool = False,
                    runtime_events: frozenset = frozenset(), cow: bool = False,
-                   deny_unix: bool = False, deny_listen: bool = False) -> bytes:
+                   deny_unix: bool = False, deny_listen: bool = False,
+                   overlay: bool = False) -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -257,7 +262,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     unbound socket it binds a port Landlock never sees).
     """
     key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow,
-           deny_unix, deny_listen)
+           deny_unix, deny_listen, overlay)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -266,7 +271,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
              udp: bool, icmp: bool, runtime_events: frozenset, cow: bool,
-             deny_unix: bool, deny_listen: bool) -> bytes:
+             deny_unix: bool, deny_listen: bool, overlay: bool) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -284,7 +289,8 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
         f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_PARENT, _CLONE_PARENT))
         f.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _LOW32, _PR_SET_CHILD_SUBREAPER))
     observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]}
-                      | (set(COW_SYSCALLS) if cow else set()))
+                      | (set(COW_SYSCALLS) if cow else set())
+                      | (set(OVERLAY_SYSCALLS) if overlay else set()))
     for name in observed:  # only reachable with the supervisor (build() checks)
         if name in _COW_FD_FORMS:
             # fstat() is newfstatat/statx(fd, "", AT_EMPTY_PATH): about a quarter of a

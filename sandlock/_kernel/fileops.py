@@ -79,7 +79,9 @@ def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
                    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
 
 
-def renameat2(src: str, dst: str, flags: int) -> None:
-    """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE (absolute paths)."""
-    syscall(NR_RENAMEAT2, AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst),
+def renameat2(src: str, dst: str, flags: int, src_dir: int = AT_FDCWD,
+              dst_dir: int = AT_FDCWD) -> None:
+    """rename(2) with RENAME_NOREPLACE / RENAME_EXCHANGE (absolute paths, or names relative
+    to the directory fds)."""
+    syscall(NR_RENAMEAT2, src_dir, os.fsencode(src), dst_dir, os.fsencode(dst),
             ctypes.c_uint(flags))

@@ -42,11 +42,23 @@ RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
 
 # --- opens -----------------------------------------------------------------------------------
 
-def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int):
+def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
+          path_arg: int = 0):
     layer = session.cow
     rel = rel_of(session, req, dirfd, path)
     if rel is None:
         return CONTINUE
+    if flags & os.O_PATH:
+        # An O_PATH fd cannot be handed over (SECCOMP_IOCTL_NOTIF_ADDFD takes none): the
+        # kernel opens it, re-issued with the real path of what the sandbox sees there.
+        from .reissue import Reissue
+        runtime_path_check(session, located(session, req, rel, not flags & os.O_NOFOLLOW,
+                                            False))
+        same, target = _object(session, req, dirfd, path, not flags & os.O_NOFOLLOW)
+        if same or target is None:
+            return CONTINUE
+        return Reissue({_REGISTERS[path_arg]: os.fsencode(target)},
+                       f"open {os.fsdecode(path)} (O_PATH) in the workspace")
     acc = flags & O_ACCMODE
     creat = bool(flags & os.O_CREAT)
     excl = creat and bool(flags & os.O_EXCL)
@@ -135,7 +147,8 @@ def creat(req, session):
 
 
 def openat(req, session):
-    return _open(req, session, req.arg_int(0), req.read_path(1), req.arg_int(2), req.args[3])
+    return _open(req, session, req.arg_int(0), req.read_path(1), req.arg_int(2), req.args[3],
+                 1)
 
 
 # --- namespace changes -------------------------------------------------------------------------
@@ -396,61 +409,100 @@ def metadata_target(req, session, dirfd: int, path: bytes, follow: bool) -> int 
 
 
 # --- exec and chdir: the kernel must find what the sandbox sees ---------------------------------
+#
+# They cannot be performed on another process's behalf. When the kernel, resolving the
+# path the sandbox spelled, reaches exactly the object the sandbox sees, the call continues
+# in the kernel; otherwise it is re-issued (supervisor.reissue) with the real path of that
+# object: a file or directory of the layer (which Landlock lets this sandbox read and
+# execute), the workdir's own (renamed in the layer), or one outside the workdir reached
+# through a symlink created in the layer. A re-issued call names its object directly, so
+# the second pass continues.
 
-def _same_in_lower(session, req, dirfd, path: bytes, follow: bool) -> str | None:
-    """None when the kernel, resolving `path` in the real tree, reaches exactly the object
-    the sandbox sees; otherwise why not."""
-    rel = rel_of(session, req, dirfd, path)
-    if rel is None:
-        return None
+_REGISTERS = ("rdi", "rsi", "rdx", "r10", "r8", "r9")
+
+
+def _object(session, req, dirfd, path: bytes, follow: bool) -> tuple[bool, str | None]:
+    """(the kernel reaches it as spelled, the real path of what the sandbox sees there);
+    (True, None) for paths spelled outside the workdir and its layer."""
     layer = session.cow
-    text = spelled(req, dirfd, path)  # as the kernel will resolve it
-    if not (text == layer.lower or text.startswith(layer.lower + "/")):
-        return "it is spelled inside the workspace's storage"
-    if spelled(req, dirfd, path, layer) != text:
-        return "the directory it is relative to was renamed inside the workspace"
+    text = spelled(req, dirfd, path, layer)
+    rel = layer.relative(text)
+    if rel is None:
+        return True, None
+    own_upper = text == layer.upper or text.startswith(layer.upper + "/")
     with layer.lock:
         loc = layer.resolve(rel, follow_last=follow)
-        if loc.kind == OUTSIDE:
-            return None
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
+        if loc.kind == OUTSIDE:
+            return False, loc.real
+        target = loc.upper if loc.kind == UPPER else loc.real
+        if loc.kind == UPPER and stat.S_ISDIR(os.lstat(loc.upper).st_mode):
+            layer._materialize(loc.upper)  # what the kernel lists there is the sandbox's view
+        if own_upper:
+            return os.path.normpath(text) == target and loc.kind == UPPER, target
+        lower = os.path.join(layer.lower, loc.rel) if loc.rel else layer.lower
         normal = os.path.normpath(rel) if rel else ""
         normal = "" if normal == "." else normal
-        if normal != loc.rel:
-            return "a symlink created inside the workspace is on its way"
-        lower = os.path.join(layer.lower, loc.rel) if loc.rel else layer.lower
-        if loc.kind == LOWER:
-            return None if loc.real == lower else "it was renamed inside the workspace"
-        st = os.lstat(loc.upper)
-        if stat.S_ISDIR(st.st_mode):
-            # The kernel will hold the workdir's directory of that name, which relative
-            # paths then follow (lower_dir_now): it must be the one meant, or gone.
-            if not os.path.isdir(lower):
-                return "it was created inside the workspace"
-            if layer.lower_dir_now(loc.rel) != loc.rel:
-                return "the workdir's directory of that name was moved inside the workspace"
-            return None
-        return "it was created or changed inside the workspace"
+        same = (loc.kind == LOWER and loc.real == lower and normal == loc.rel
+                and spelled(req, dirfd, path) == text
+                and (not os.path.isdir(lower) or layer.lower_dir_now(loc.rel) == loc.rel))
+        return same, target
 
 
-def execve_check(req, session, dirfd, path_arg, at_flags):
+def _shebang(path: str) -> tuple[bytes, list[bytes]] | None:
+    """(interpreter, its optional argument) of a `#!` script, as binfmt_script reads them."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        head = os.read(fd, 256)
+    finally:
+        os.close(fd)
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].strip(b" \t")
+    interp, _, arg = line.partition(b" ")
+    if not interp:
+        return None
+    arg = arg.strip(b" \t")
+    return interp, ([arg] if arg else [])
+
+
+def execve_check(req, session, dirfd, path_arg, argv_arg, at_flags):
+    """None to go on (the kernel reaches what the sandbox sees), else a Reissue."""
+    from .execve import read_argv
+    from .reissue import Reissue
     path = req.read_path(path_arg)
     if not path and at_flags & AT_EMPTY_PATH:
         return None
-    why = _same_in_lower(session, req, dirfd, path, not at_flags & AT_SYMLINK_NOFOLLOW)
-    if why is not None:
-        raise Denied(errno.EACCES, f"cannot execute {os.fsdecode(path)} by path: {why} "
-                                   f"(run it through its interpreter)")
-    return None
+    same, target = _object(session, req, dirfd, path, not at_flags & AT_SYMLINK_NOFOLLOW)
+    if same or target is None:
+        return None
+    if os.path.isdir(target):
+        raise OSError(errno.EACCES, "Permission denied")
+    args = {_REGISTERS[path_arg]: os.fsencode(target)}
+    script = _shebang(target)
+    if script is not None:
+        # The kernel would run [interpreter, (argument), path, argv[1:]]: so do we, with
+        # the path as the sandbox spelled it (the interpreter opens it through the layer).
+        interp, extra = script
+        argv = [os.fsencode(a) for a in read_argv(req, req.args[argv_arg])]
+        args = {_REGISTERS[path_arg]: interp,
+                _REGISTERS[argv_arg]: [interp, *extra, path, *argv[1:]]}
+    return Reissue(args, f"execute {os.fsdecode(path)} from the workspace")
 
 
 def chdir(req, session):
+    from .reissue import Reissue
     path = req.read_path(0)
-    why = _same_in_lower(session, req, AT_FDCWD, path, True)
-    if why is not None:
-        raise Denied(errno.EACCES, f"cannot chdir to {os.fsdecode(path)}: {why}")
-    return CONTINUE
+    same, target = _object(session, req, AT_FDCWD, path, True)
+    if same or target is None:
+        return CONTINUE
+    if not os.path.isdir(target):
+        raise OSError(errno.ENOTDIR, "Not a directory")
+    return Reissue({"rdi": os.fsencode(target)}, f"chdir to {os.fsdecode(path)}")
 
 
 # Name -> handler. The metadata calls (chmod, chown, utimes, xattrs) keep their handlers in

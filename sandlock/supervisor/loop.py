@@ -29,10 +29,12 @@ import threading
 import time
 
 from .._kernel import caps, interrupt, seccomp
-from . import connect, execve, lifecycle, metadata, names, opens, send
+from . import connect, execve, lifecycle, metadata, names, opens, overlay_calls, send
 from .fastpath import COW_PRISTINE, eligible, fast_path
 from .freeze import Freeze, FreezeError
 from .network import CONTINUE, Defer, Frozen, Inject
+from . import reissue
+from .reissue import Reissue
 from .request import Denied, Request, thread_group
 from .workers import Workers
 from ..syscall_filter import creation_refusal
@@ -63,6 +65,8 @@ def _with_workspace(name, other):
     decided before the layer acts. The workspace's modules load with the first such call."""
     def handler(req, session):
         if session.cow is None:
+            if session.own_mounts and name in overlay_calls.HANDLERS:
+                return overlay_calls.HANDLERS[name](req, session)
             if other is None:
                 raise Denied(errno.ENOSYS, "no handler for this syscall")
             return other(req, session)
@@ -85,9 +89,12 @@ def _exec_in_workspace(name, other):
         if session.cow is not None:
             from . import cow_calls
             if name == "execve":
-                cow_calls.execve_check(req, session, -100, 0, 0)
+                redo = cow_calls.execve_check(req, session, -100, 0, 1, 0)
             else:
-                cow_calls.execve_check(req, session, req.arg_int(0), 1, req.arg_int(4))
+                redo = cow_calls.execve_check(req, session, req.arg_int(0), 1, 2,
+                                              req.arg_int(4))
+            if redo is not None:
+                return redo  # re-issued with the layer's object (supervisor.reissue)
         return other(req, session) if session.runtime is not None else CONTINUE
     return handler
 
@@ -324,6 +331,9 @@ class Supervisor:
             self._act_as(session)
             return handler(req, session)
         result = self._complete(req, session, name, run)
+        if isinstance(result, Reissue):
+            self._submit(req, session, self._reissue, req, session, result)
+            return
         if isinstance(result, Defer):
             # A blocking on-behalf call: finish it on a worker thread, with the same rules.
             # Worker threads keep the supervisor's full capabilities only as *permitted*:
@@ -434,6 +444,17 @@ class Supervisor:
                         self._deny_unfrozen(req, session, name, f"supervisor error: {e!r}")
                 finally:
                     session.open_gate()
+        finally:
+            session.freeze_lock.release()
+
+    def _reissue(self, req, session, result) -> None:
+        """Re-issue a call with other arguments (supervisor.reissue): ptrace, so never
+        beside a freeze of the same sandbox."""
+        if not session.freeze_lock.acquire(timeout=FREEZE_LIMIT + 1.0):
+            self._send(req, session, ("error", errno.EAGAIN))
+            return
+        try:
+            reissue.run(req, session, result)
         finally:
             session.freeze_lock.release()
 

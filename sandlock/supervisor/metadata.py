@@ -18,6 +18,7 @@ import struct
 
 from .._kernel import fileops
 from .._kernel.fileops import AT_EMPTY_PATH, AT_SYMLINK_NOFOLLOW
+from .._kernel.fileops import AT_FDCWD as AT_FDCWD_
 from ..fs_rules import is_beneath
 from .request import Denied, Request
 
@@ -75,7 +76,19 @@ def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int
         reached = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         reached = ""
-    if is_beneath(reached, session.cow.root):
+    layer = session.cow
+    if is_beneath(reached, layer.upper) and path.startswith(b"/proc/"):
+        # Through an fd the layer handed out (chmod("/proc/self/fd/N"), as glibc's
+        # fchmodat(AT_SYMLINK_NOFOLLOW) does): the object the sandbox sees at that name,
+        # copied up first if it was the workdir's.
+        os.close(fd)
+        rel = layer.relative(reached)
+        fd = metadata_target(req, session, AT_FDCWD_, os.fsencode(
+            os.path.join(layer.lower, rel) if rel else layer.lower), False)
+        if fd is None:
+            raise Denied(errno.EACCES, "the workspace's storage is not the sandbox's to change")
+        return fd
+    if is_beneath(reached, layer.root):
         os.close(fd)
         raise Denied(errno.EACCES, "the workspace's storage is not the sandbox's to change")
     return fd
