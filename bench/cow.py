@@ -60,7 +60,10 @@ def _peers(repo, storage):
     return [
         Peer("bare", "plain", None, "bare (`subprocess.run`, same cwd)"),
         Peer("ours", "ours", base, "ours, workdir readable, no COW"),
-        Peer("ours_cow", "ours", cow, "ours, COW `workdir` (ABORT at exit)"),
+        Peer("ours_cow", "ours", {**cow, "workspace_backend": "overlay"},
+             "ours, COW `workdir`, overlay backend (ABORT at exit)"),
+        Peer("ours_cow_seccomp", "ours", {**cow, "workspace_backend": "seccomp"},
+             "ours, COW `workdir`, seccomp backend (ABORT at exit)"),
         Peer("upstream", "upstream", base, f"upstream {UPSTREAM_VERSION}, no COW"),
         Peer("upstream_cow", "upstream", up_cow,
              f"upstream {UPSTREAM_VERSION}, COW `workdir` (ABORT at exit)"),
@@ -195,7 +198,8 @@ def markdown(result):
                 lines.append(f"| {about} | n/a: {why} | | | |")
                 continue
             s = st[name]
-            base = {"ours_cow": "ours", "upstream_cow": "upstream"}.get(name)
+            base = {"ours_cow": "ours", "ours_cow_seccomp": "ours",
+                    "upstream_cow": "upstream"}.get(name)
             vs = f"{s['median'] / st[base]['median']:.2f}x" if base in st else ""
             lines.append(f"| {about} | {s['median']:.2f} | {s['p99']:.2f} | "
                          f"{s['median'] / bare:.2f}x | {vs} |")
