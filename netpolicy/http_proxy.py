@@ -241,7 +241,7 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
     hdrs: dict[str, list[str]] = {}
     for n, v in headers:
         hdrs.setdefault(n.decode("latin-1"), []).append(v.decode("latin-1"))
-    verdict = ctx.policy.decide(method, host, path, qs, hdrs, aliases(ctx, host))
+    verdict = ctx.policy.decide(method, host, path, qs, hdrs, aliases(ctx, host), ctx.port)
     if not verdict.allowed:
         raise Refusal(403, verdict.reason, verdict.rule, method=method, host=host, path=path)
     forwarded = path + ("?" + query if query is not None else "")
@@ -335,6 +335,13 @@ class HttpFilterProxy:
                 return
             if not first:
                 return
+            if first != b"\x16" and not _looks_like_http(conn):
+                self._audit(ctx, "deny", protocol="tcp", rule="default:protocol",
+                            reason=f"the bytes sent to {ctx.address}:{ctx.port} are neither "
+                                   f"HTTP nor TLS, and HTTP rules name this host (mark the "
+                                   f"endpoint raw to relay it unfiltered: http_raw)",
+                            errno="EACCES")
+                return
             (self._serve_tls if first == b"\x16" else self._serve_http)(conn, ctx)
         except Exception:
             pass  # a failure ends the connection; it never lets anything through
@@ -385,7 +392,7 @@ class HttpFilterProxy:
             return
         try:
             check_destination(ctx, sni)
-            verdict = decide_tls_host(ctx.policy, sni, aliases(ctx, sni))
+            verdict = decide_tls_host(ctx.policy, sni, aliases(ctx, sni), ctx.port)
             # Intercepted, a rule that needs the request is applied to each request; only
             # a host no rule can admit (or a host-wide deny) is refused here.
             if not verdict.allowed and not (ctx.intercept is not None
@@ -436,6 +443,26 @@ class HttpFilterProxy:
                 tls.close()
             except OSError:
                 pass
+
+
+def _looks_like_http(conn: socket.socket) -> bool:
+    """The first bytes are a request line's method and a space (peeked, not consumed)."""
+    deadline = time.monotonic() + HEAD_TIMEOUT
+    while True:
+        conn.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            head = conn.recv(24, socket.MSG_PEEK)
+        except socket.timeout:
+            return False
+        method, space, _ = head.partition(b" ")
+        if space:
+            return bool(method) and all(0x21 <= c < 0x7F and c not in b'()<>@,;:\\"/[]?={}'
+                                        for c in method)
+        if len(head) >= 24 or not head or time.monotonic() > deadline:
+            return False
+        if not all(0x21 <= c < 0x7F for c in head):
+            return False
+        time.sleep(0.002)
 
 
 def _peek_client_hello(conn: socket.socket, deadline: float,

@@ -6,8 +6,10 @@ strings that will be forwarded.
 
 Grammar: method `*` or a token (matched case-insensitively against the policy, but a
 request's method is taken as sent: `get` is not `GET`); host `*`, a name, `*.example.com`
-(strict subdomains) or `**.example.com` (the domain too); path exact, or a prefix when it
-ends in `*`; no path = `/*`. Structured form (YAML):
+(strict subdomains) or `**.example.com` (the domain too), optionally with a port
+(`api.example.com:8080`, `[::1]:8080`: the rule applies on connections to that port only,
+and makes it an HTTP port for that host); path exact, or a prefix when it ends in `*`; no
+path = `/*`. Structured form (YAML, `port:` for the port):
 
     - methods: [GET, HEAD]
       host: api.github.com
@@ -49,10 +51,13 @@ class HttpRule:
     prefix: bool = True
     query: tuple[tuple[str, str], ...] = ()
     headers: tuple[tuple[str, str], ...] = field(default=())
+    port: int | None = None               # None = any port
 
     def matches(self, method: str, host: str, path: str, query: dict[str, list[str]],
-                headers: dict[str, list[str]]) -> bool:
+                headers: dict[str, list[str]], port: int | None = None) -> bool:
         if self.methods is not None and method not in self.methods:
+            return False
+        if self.port is not None and port is not None and port != self.port:
             return False
         if self.host is not None:
             if self.wildcard is None and host != self.host:
@@ -77,9 +82,34 @@ class HttpRule:
         return True
 
 
+def _host_port(text: str, spec: str) -> tuple[str, int | None]:
+    """`host`, `host:port`, `[v6]` or `[v6]:port` -> (host text, port or None)."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise HttpRuleError(f"{spec!r}: unterminated '['")
+        host, rest = text[1:end], text[end + 1:]
+    elif text.count(":") == 1:
+        host, rest = text.split(":")
+        rest = ":" + rest
+    else:
+        host, rest = text, ""
+    if not rest:
+        return host, None
+    if not rest.startswith(":") or not rest[1:].isdigit() or not 0 < int(rest[1:]) < 65536:
+        raise HttpRuleError(f"{spec!r}: {rest[1:]!r} is not a port 1-65535")
+    return host, int(rest[1:])
+
+
 def _host(text: str, spec: str) -> tuple[str | None, str | None]:
     if text == "*":
         return None, None
+    import ipaddress
+    try:  # an address literal: one spelling per address (IPv4-mapped unwrapped)
+        from .endpoint import canonical_address
+        return str(canonical_address(ipaddress.ip_address(text))), None
+    except ValueError:
+        pass
     for prefix, kind in (("**.", "deep"), ("*.", "sub")):
         if text.startswith(prefix):
             try:
@@ -136,14 +166,16 @@ def parse_http_rule(rule) -> HttpRule:
                                 f"'GET api.github.com/repos/*'")
         method, target = parts
         host_text, slash, path_text = target.partition("/")
+        host_text, port = _host_port(host_text, spec)
         host, wildcard = _host(host_text, spec)
         path, prefix = _path("/" + path_text if slash else "/*", spec)
-        return HttpRule(spec, _methods([method], spec), host, wildcard, path, prefix)
+        return HttpRule(spec, _methods([method], spec), host, wildcard, path, prefix,
+                        port=port)
     if not isinstance(rule, dict):
         raise HttpRuleError(f"{rule!r}: an HTTP rule is a string or a mapping")
     spec = repr(rule)
     unknown = set(rule) - {"methods", "host", "path", "path_prefix", "path_exact", "query",
-                           "headers"}
+                           "headers", "port"}
     if unknown:
         raise HttpRuleError(f"{spec}: unknown key(s) {', '.join(sorted(unknown))}")
     paths = [k for k in ("path", "path_prefix", "path_exact") if k in rule]
@@ -168,8 +200,12 @@ def parse_http_rule(rule) -> HttpRule:
             raise HttpRuleError(f"{spec}: {key} must be a mapping of names to values")
         conditions.append(tuple(sorted(
             ((k.lower() if key == "headers" else str(k)), str(v)) for k, v in value.items())))
+    port = rule.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 < port < 65536):
+        raise HttpRuleError(f"{spec}: port must be 1-65535, got {port!r}")
     return HttpRule(spec, _methods(methods, spec), host, wildcard, path, prefix,
-                    conditions[0], conditions[1])
+                    conditions[0], conditions[1], port)
 
 
 @dataclass(frozen=True)
@@ -205,19 +241,56 @@ class HttpPolicy:
                    tuple(parse_http_rule(r) for r in deny))
 
     def decide(self, method: str, host: str, path: str, query=None, headers=None,
-               aliases=()) -> HttpVerdict:
+               aliases=(), port: int | None = None) -> HttpVerdict:
+        """`port`: the connection's destination port (rules with a port need it)."""
         query, headers = query or {}, headers or {}
         for name in (host, *aliases):
             for rule in self.deny:
-                if rule.matches(method, name, path, query, headers):
+                if rule.matches(method, name, path, query, headers, port):
                     via = f" (the destination is also known as {name})" if name != host else ""
                     return HttpVerdict(False, rule.spec, f"denied by {rule.spec}{via}")
         if not self.allow:
             return HttpVerdict(True, "default:allow", "no allow rules")
         for rule in self.allow:
-            if rule.matches(method, host, path, query, headers):
+            if rule.matches(method, host, path, query, headers, port):
                 return HttpVerdict(True, rule.spec, "allowed")
-        return HttpVerdict(False, "default:deny", f"no rule allows {method} {host}{path}")
+        where = f"{host}:{port}" if port is not None and any(
+            r.port is not None for r in self.allow) else host
+        return HttpVerdict(False, "default:deny", f"no rule allows {method} {where}{path}")
+
+    # -- what the rules mean for the endpoint policy ------------------------------------------
+
+    def names_host(self, names) -> bool:
+        """Does some rule name one of `names` (host names or address texts)? A rule for
+        any host (`*`) names every one."""
+        rules = (*self.allow, *self.deny)
+        return any(_host_matches(r, n) for r in rules for n in names)
+
+    def ports(self) -> frozenset[int]:
+        """Ports rules name explicitly."""
+        return frozenset(r.port for r in (*self.allow, *self.deny) if r.port is not None)
+
+    def endpoint_specs(self, tls: bool) -> tuple[str, ...]:
+        """What allow rules open when no net_allow narrows them (upstream's semantics):
+        a concrete host on port 80 (443 too when `tls`, or when the rule is host-wide and
+        decidable on the SNI), or the rule's own port; a wildcard host the same for its
+        domain, `*` any address."""
+        out = []
+        for rule in self.allow:
+            if rule.host is None:
+                target = ""
+            elif rule.wildcard == "sub":
+                target = f"*.{rule.host}"
+            elif rule.wildcard == "deep":
+                target = f"**.{rule.host}"
+            else:
+                target = f"[{rule.host}]" if ":" in rule.host else rule.host
+            if rule.port is not None:
+                ports = [rule.port]
+            else:
+                ports = [80] + ([443] if tls or _host_wide(rule) else [])
+            out += [f"tcp://{target}:{p}" for p in ports]
+        return tuple(dict.fromkeys(out))
 
 
 def _host_matches(rule: HttpRule, host: str) -> bool:
@@ -234,14 +307,17 @@ def _host_wide(rule: HttpRule) -> bool:
             and not rule.query and not rule.headers)
 
 
-def decide_tls_host(policy: HttpPolicy, host: str, aliases=()) -> HttpVerdict:
+def decide_tls_host(policy: HttpPolicy, host: str, aliases=(),
+                    port: int | None = None) -> HttpVerdict:
     """A TLS connection seen only by its SNI: the host is all there is to decide on. A rule
     for this host that needs method, path, query or headers cannot be enforced without
     interception, so it refuses the connection (a deny rule) or does not allow it. Deny
     rules apply under the SNI and every alias of the destination (see the module note)."""
+    def on_port(rule):
+        return rule.port is None or port is None or rule.port == port
     for name in (host, *aliases):
         for rule in policy.deny:
-            if _host_matches(rule, name):
+            if _host_matches(rule, name) and on_port(rule):
                 via = f" (the destination is also known as {name})" if name != host else ""
                 if _host_wide(rule):
                     return HttpVerdict(False, rule.spec, f"denied by {rule.spec}{via}")
@@ -252,7 +328,7 @@ def decide_tls_host(policy: HttpPolicy, host: str, aliases=()) -> HttpVerdict:
         return HttpVerdict(True, "default:allow", "no allow rules")
     partial = None
     for rule in policy.allow:
-        if _host_matches(rule, host):
+        if _host_matches(rule, host) and on_port(rule):
             if _host_wide(rule):
                 return HttpVerdict(True, rule.spec, "allowed")
             partial = partial or rule

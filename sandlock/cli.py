@@ -53,6 +53,9 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="deny HTTP requests matching RULE (checked first)")
     p.add_argument("--http-port", action="append", default=[], type=int, metavar="PORT",
                    help="TCP ports the HTTP filter sees (default 80 and 443)")
+    p.add_argument("--http-raw", action="append", default=[], metavar="SPEC",
+                   help="relay TCP to this endpoint unfiltered although HTTP rules name its "
+                        "host (e.g. 'db.internal:5432'); listed by `policy check`")
     p.add_argument("--http-upgrade", action="append", default=[], metavar="PROTOCOL",
                    help="allow a protocol switch through the HTTP filter: websocket, h2c, h2 "
                         "(prior knowledge) or connect; what follows is not inspected")
@@ -192,7 +195,8 @@ def _flag_fields(a) -> dict:
         "net_allow_unix": a.net_allow_unix, "dns_servers": a.dns_server,
         "net_allow_private": a.net_allow_private or None,
         "http_allow": a.http_allow, "http_deny": a.http_deny, "http_ports": a.http_port or None,
-        "http_upgrades": a.http_upgrade or None, "http_ca": a.http_ca, "http_key": a.http_key,
+        "http_upgrades": a.http_upgrade or None, "http_raw": a.http_raw or None,
+        "http_ca": a.http_ca, "http_key": a.http_key,
         "http_inject_ca": a.http_inject_ca or None, "http_ca_out": a.http_ca_out,
         "http_upstream_ca": a.http_upstream_ca,
         "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,
@@ -416,7 +420,13 @@ def _policy_check(a) -> int:
         print(f"  {'ssrf':13} host rules never reach private/loopback/metadata addresses")
     if loaded.timeout:
         print(f"  {'timeout':13} {loaded.timeout:g}s")
-    return 0
+    from .policy_report import http_report
+    report = http_report(p)
+    for note in report.notes:
+        print(f"  {'note':13} {note}")
+    for error in report.errors:
+        print(f"  {'error':13} {error}")
+    return EXIT_SANDLOCK if report.errors else 0
 
 
 def _audit(a) -> int:

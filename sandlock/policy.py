@@ -118,6 +118,7 @@ class Policy:
     name: str | None
     http: object = None              # netpolicy HttpPolicy, or None without HTTP rules
     http_ports: frozenset = frozenset()  # TCP ports whose connections the HTTP filter sees
+    http_raw: object = None          # EndpointPolicy of endpoints relayed unfiltered
     http_upgrades: frozenset = frozenset()  # protocol switches allowed (not inspected after)
     intercept: object = None         # InterceptSpec when HTTPS is intercepted
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
@@ -377,7 +378,7 @@ def parse_http(fields: dict):
     if isinstance(ports, (str, bytes)) or not all(
             isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports):
         raise PolicyError(f"http_ports: expected a list of ports 1-65535, got {ports!r}")
-    return policy, frozenset(ports)
+    return policy, frozenset(ports) | policy.ports()  # a port in a rule is an HTTP port
 
 
 def parse_size(value, field: str) -> int | None:
@@ -432,8 +433,17 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
             if is_beneath(g, d):
                 raise PolicyError(f"fs_denied {d} contains the granted path {g}: "
                                   f"remove one of them")
-    endpoints = parse_endpoints(fields.get("net_allow"), fields.get("net_deny"),
+    net_allow = list(fields.get("net_allow") or ())
+    if http is not None and not net_allow and not isinstance(fields.get("net_allow"), str):
+        # HTTP rules alone open their hosts on the HTTP ports (upstream's semantics); a
+        # net_allow given narrows the destinations to itself instead.
+        net_allow = list(http.endpoint_specs(tls=intercept is not None))
+    endpoints = parse_endpoints(net_allow or fields.get("net_allow"), fields.get("net_deny"),
                                 fields.get("net_allow_private"))
+    http_raw = parse_endpoints(fields.get("http_raw"), (), False) if fields.get(
+        "http_raw") else None
+    if http_raw is not None and http is None:
+        raise PolicyError("http_raw: set without http_allow or http_deny rules")
     unix_allow = _unix_grants(fields.get("net_allow_unix"))
     # With HTTP rules every TCP connect is seen: those to an HTTP port go to the filter.
     tcp_by_landlock = http is None and not endpoints.deny and all(
@@ -484,7 +494,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         no_coredump=bool(fields.get("no_coredump")),
         allow_degraded=bool(fields.get("allow_degraded")),
         name=fields.get("name"),
-        http=http, http_ports=http_ports, intercept=intercept,
+        http=http, http_ports=http_ports, intercept=intercept, http_raw=http_raw,
         http_upgrades=frozenset(upgrades),
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,

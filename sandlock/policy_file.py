@@ -41,6 +41,7 @@ SCHEMA = {
     "dns": {"servers": (STRLIST, "dns_servers")},
     "http": {"allow": (RULELIST, "http_allow"), "deny": (RULELIST, "http_deny"),
              "ports": (PORTLIST, "http_ports"), "upgrades": (STRLIST, "http_upgrades"),
+             "raw": (STRLIST, "http_raw"),
              "ca": (STR, "http_ca"),
              "key": (STR, "http_key"), "inject_ca": (BOOL, "http_inject_ca"),
              "ca_out": (STR, "http_ca_out"), "upstream_ca": (STR, "http_upstream_ca")},
@@ -208,7 +209,7 @@ def _check_endpoints(path, node, key, specs) -> None:
 LIST_FIELDS = ("fs_readable", "fs_writable", "fs_denied", "net_allow", "net_deny",
                "net_allow_bind", "net_allow_unix", "dns_servers", "extra_deny_syscalls",
                "extra_allow_syscalls", "http_allow", "http_deny", "http_ports",
-               "http_upgrades")
+               "http_upgrades", "http_raw")
 
 
 def merge_fields(base: dict, extra: dict) -> dict:

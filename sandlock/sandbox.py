@@ -71,6 +71,7 @@ class Sandbox:
     http_deny: Sequence[str] | None = None
     http_ports: Sequence[int] | None = None
     http_upgrades: Sequence[str] | None = None
+    http_raw: Sequence[str] | None = None
     http_ca: str | None = None
     http_key: str | None = None
     http_inject_ca: Any = None

@@ -147,6 +147,10 @@ class Upstream:
                 seen.append(("POST", self.path, body))
                 self._reply(b"posted " + body)
 
+            def do_DELETE(self):
+                seen.append(("DELETE", self.path, b""))
+                self._reply(b"deleted " + self.path.encode())
+
         self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         if tls_context is not None:
             self.server.socket = tls_context.wrap_socket(self.server.socket, server_side=True)
@@ -519,6 +523,65 @@ print("literal", n)
     r = run_py(sandbox(**common), code)  # control: no deny rule
     assert r.stdout.startswith(b"b'HTTP/1.1 200"), r
     assert up.seen == [("POST", "/x", b"x")]
+
+
+# -- HTTP rules are never silently off (agent-defaults issue) -----------------------------
+
+def test_dev_port_is_filtered_without_http_port(upstream, tmp_path):
+    """`--allow 127.0.0.2:PORT --http-allow 'GET 127.0.0.2/ok/*'` and no --http-port: every
+    connection to a host the rules name goes through the filter, whatever its port. POST
+    and DELETE never reach the server; GET /ok/ does."""
+    import subprocess
+    import sys
+    up = upstream(host="127.0.0.2")
+    base = f"http://127.0.0.2:{up.port}"
+    r = subprocess.run([sys.executable, "-m", "sandlock", "net-run", "--allow",
+                        f"127.0.0.2:{up.port}", "--http-allow", "GET 127.0.0.2/ok/*",
+                        "--audit", str(tmp_path / "a.jsonl"), "--", "sh", "-c",
+                        f"curl -s -o /dev/null -w '%{{http_code}} ' {base}/ok/x; "
+                        f"curl -s -o /dev/null -w '%{{http_code}} ' -d x=1 {base}/ok/x; "
+                        f"curl -s -o /dev/null -w '%{{http_code}}' -X DELETE {base}/ok/x"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.stdout == "200 403 403", (r.stdout, r.stderr)
+    assert up.seen == [("GET", "/ok/x", b"")]
+
+
+def test_http_rules_alone_open_their_host_and_a_port_in_a_rule_works(upstream, tmp_path):
+    up = upstream(host="127.0.0.2")
+    base = f"http://127.0.0.2:{up.port}"
+    sb = sandbox(http_allow=[f"GET 127.0.0.2:{up.port}/ok/*"])  # no net_allow at all
+    r = sb.run(["sh", "-c", f"curl -s {base}/ok/a; echo; curl -s -o /dev/null "
+                            f"-w '%{{http_code}}' -d x {base}/ok/b"], timeout=30)
+    assert r.stdout == b"hello /ok/a\n403", (r.stdout, r.stderr)
+    assert up.paths() == ["/ok/a"]
+    other = upstream(host="127.0.0.2")  # the same host, a port no rule names: closed
+    r = sb.run(["curl", "-sS", f"http://127.0.0.2:{other.port}/ok/a"], timeout=30)
+    assert r.exit_code != 0 and other.seen == []
+    from sandlock import Sandbox
+    p = Sandbox(http_allow=["GET api.example.com/v1/*", "* pypi.org", "GET *.ex.test/*"]).policy
+    assert [r.spec for r in p.endpoints.allow] == [
+        "tcp://api.example.com:80", "tcp://pypi.org:80", "tcp://pypi.org:443",
+        "tcp://*.ex.test:80"]
+
+
+def test_bytes_that_are_not_http_never_pass_unless_the_endpoint_is_raw(tmp_path, tcp_server):
+    """A raw TCP exchange with a host the HTTP rules name is refused (audited); marking the
+    endpoint raw relays it (positive control)."""
+    srv = tcp_server("127.0.0.2")
+    code = ("import socket, sys\ns = socket.create_connection(('127.0.0.2', int(sys.argv[1])))"
+            "\ns.sendall(b'\\x00\\x01binary hello')\ns.settimeout(5)\n"
+            "try:\n    print(s.recv(3))\nexcept OSError as e:\n    print('closed', e)")
+    log = tmp_path / "audit.jsonl"
+    sb = sandbox(net_allow=[f"127.0.0.2:{srv.port}"], http_allow=["GET 127.0.0.2/*"],
+                 audit_log=str(log))
+    r = run_py(sb, code, str(srv.port))
+    assert srv.accepted == 0 and not r.stdout.startswith(b"b'ok"), r
+    assert any("neither HTTP nor TLS" in rec.get("reason", "") for rec in _records(log))
+    raw = sandbox(net_allow=[f"127.0.0.2:{srv.port}"], http_allow=["GET 127.0.0.2/*"],
+                  http_raw=[f"127.0.0.2:{srv.port}"])
+    r = run_py(raw, code, str(srv.port))
+    assert r.stdout.startswith(b"b'ok"), r
+    assert srv.accepted == 1
 
 
 # -- YAML and CLI ------------------------------------------------------------------------
@@ -1051,3 +1114,24 @@ def test_a_trickled_request_head_is_cut_off(upstream, tmp_path, monkeypatch):
     r = run_py(sb, TRICKLE, str(up.port))
     assert r.stdout.decode().split()[:3] == ["cut", "off", "after"], r.stdout
     assert int(r.stdout.split()[-1]) <= 3 and up.seen == []
+
+
+def test_policy_check_reports_rules_that_never_apply_bypasses_and_contradictions(tmp_path):
+    import subprocess
+    import sys
+    pol = tmp_path / "p.yaml"
+    pol.write_text("version: 1\nnetwork:\n  allow: ['127.0.0.2:18080', 'db.internal:5432']\n"
+                   "  allow_private: true\n"
+                   "http:\n  allow: ['GET 127.0.0.2/ok/*', 'GET 10.9.9.9/x']\n")
+    r = subprocess.run([sys.executable, "-m", "sandlock", "policy", "check", str(pol)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "'GET 10.9.9.9/x' can never apply" in r.stdout
+    assert "TCP to db.internal:5432 bypasses the HTTP rules" in r.stdout
+    assert "127.0.0.2:18080 bypasses" not in r.stdout  # named by a rule: filtered
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nhttp:\n  allow: ['GET api.test/v1/*']\n"
+                   "  deny: ['* api.test']\n")
+    r = subprocess.run([sys.executable, "-m", "sandlock", "policy", "check", str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 125 and "can never allow anything" in r.stdout, r.stdout

@@ -70,11 +70,11 @@ def connect(req: Request, session):
               "resolvers use TCP in sandboxes (RES_OPTIONS=use-vc)", errno.EPERM,
               protocol=protocol, address=str(dest.address), port=dest.port, rule="default:dns")
     try:
-        inet_verdict(req, session, "connect", protocol, dest)
+        names = inet_verdict(req, session, "connect", protocol, dest)
     except BaseException:
         os.close(fd)
         raise
-    if protocol == "tcp" and net.http is not None and dest.port in net.http_ports:
+    if protocol == "tcp" and net.http_filtered(dest, names):
         # The endpoint policy admits the destination; the HTTP filter judges each request
         # (netpolicy.http_proxy) and connects there itself once one is allowed.
         from netpolicy.http_proxy import http_proxy

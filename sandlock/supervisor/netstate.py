@@ -33,6 +33,7 @@ class NetState:
         self.tcp_by_landlock = policy.tcp_by_landlock
         self.http = policy.http            # HttpPolicy or None
         self.http_ports = policy.http_ports
+        self.http_raw = policy.http_raw     # endpoints relayed unfiltered, or None
         self.http_upgrades = policy.http_upgrades
         self.http_slots = None
         self.dns_slots = None  # the sandbox's share of the DNS responder (with DNS)
@@ -91,6 +92,18 @@ class NetState:
             forget_all()
         self._local_until = now + self.LOCAL_TTL
         return found
+
+    def http_filtered(self, dest, names: tuple) -> bool:
+        """Whether a TCP connection to `dest` goes through the HTTP filter: on an HTTP port,
+        or to a host some HTTP rule names whatever the port (a dev server on :18080 gets
+        the same rules as on :80), unless the policy marks that endpoint raw."""
+        if self.http is None:
+            return False
+        if self.http_raw is not None and self.http_raw.decide(
+                "tcp", dest.address, dest.port, names).allowed:
+            return False
+        return dest.port in self.http_ports or self.http.names_host(
+            (*names, str(dest.address)))
 
     def is_dns(self, dest) -> bool:
         """Traffic to port 53 or to a configured resolver is DNS, and handled as such."""
