@@ -283,7 +283,7 @@ def test_a_pristine_workspace_lets_the_kernel_do_its_reads(tmp_path):
     (work / "data.txt").write_text("old content")
     tmp_path.chmod(0o755)
     sb = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"), cwd=str(work),
-                 on_exit="abort")
+                 on_exit="abort", workspace_backend="seccomp")
     counts = {}
     for changed in ("0", "1"):
         before = stats()["cow_continued"]

@@ -66,7 +66,8 @@ def _run(tmp_path, config, bits):
     os.chmod(tmp_path, 0o777)
     os.chmod(work, 0o777)
     if config == "workspace":
-        sb = sandbox(workdir=str(work), on_exit=BranchAction.COMMIT)
+        sb = sandbox(workdir=str(work), on_exit=BranchAction.COMMIT,
+                     workspace_backend="seccomp")
     elif config == "policy_fn":
         sb = sandbox(fs_writable=[str(work)], policy_fn=lambda e, c: None,
                      policy_fn_events=["file"])
