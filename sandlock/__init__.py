@@ -16,6 +16,8 @@ _LAZY = {
     "Result": "result", "ExitReason": "result",
     "system_readable": "policy", "system_devices": "policy", "system_denied": "policy",
     "Stage": "pipeline", "Pipeline": "pipeline",
+    "secret_paths": "home_policy", "persistence_paths": "home_policy",
+    "toolchain_grants": "toolchain",
 }
 
 
@@ -32,6 +34,6 @@ def __getattr__(name):
 __all__ = [
     "Sandbox", "Process", "Result", "ExitReason", "StdioMode", "BranchAction", "Stage",
     "Pipeline", "confine", "landlock_abi_version", "system_readable", "system_devices",
-    "system_denied", "SandlockError", "PolicyError", "KernelFeatureError", "SandboxError",
+    "system_denied", "secret_paths", "persistence_paths", "toolchain_grants", "SandlockError", "PolicyError", "KernelFeatureError", "SandboxError",
     "__version__",
 ]

@@ -35,6 +35,12 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-system", action="store_true",
                    help="do not grant the default read-only system directories "
                         "(/usr /bin /lib /etc /opt /proc ...) and standard devices")
+    p.add_argument("--strict", action="store_true",
+                   help="system directories only: do not grant the command's own "
+                        "toolchain (pyenv, nvm, uv, ~/.local/bin ...) and ~/.gitconfig")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print every path granted beyond the flags, and why, and what of "
+                        "the user's files is protected")
     p.add_argument("--net-allow", "--allow", action="append", default=[], metavar="SPEC",
                    help="allow a destination: ':443', 'api.example.com:443', "
                         "'*.example.com', '10.0.0.0/8:5432', 'udp://1.1.1.1:53'")
@@ -86,6 +92,9 @@ def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clean-env", action="store_true",
                    help="start from a minimal environment (PATH HOME TERM LANG ...)")
     p.add_argument("--cwd", metavar="DIR", help="working directory of the program")
+    p.add_argument("--workspace-backend", choices=("auto", "overlay", "seccomp"),
+                   help="how --workdir is kept private: overlay (kernel overlayfs in a "
+                        "namespace of its own), seccomp (the supervisor), auto (default)")
     p.add_argument("--workdir", metavar="DIR",
                    help="copy-on-write workspace: the program's writes under DIR go to a "
                         "private layer, applied or discarded when it ends")
@@ -177,10 +186,6 @@ def _add_pipe(sub) -> None:
     pipe.add_argument("stages", nargs=argparse.REMAINDER)
 
 
-NET_RUN_SECRETS = ("~/.ssh", "~/.aws", "~/.config/gcloud", "~/.netrc", "~/.gnupg",
-                   "~/.docker", "~/.kube", "~/.config/gh", "~/.git-credentials", "~/.pypirc")
-
-
 def _flag_fields(a) -> dict:
     from .errors import PolicyError
     env = {}
@@ -206,13 +211,16 @@ def _flag_fields(a) -> dict:
         "clean_env": a.clean_env or None, "cwd": a.cwd, "no_coredump": a.no_coredump or None,
         "name": a.name, "allow_degraded": a.allow_degraded or None,
         "workdir": a.workdir, "fs_storage": a.fs_storage, "max_disk": a.max_disk,
+        "workspace_backend": a.workspace_backend,
         **({"on_exit": "abort", "on_error": "abort"} if a.dry_run else
            {k: v for k, v in (("on_exit", a.on_exit), ("on_error", a.on_error)) if v}),
     }
 
 
-def _sandbox_from_args(a, net_run: bool = False):
-    """Policy file (if any) + flags; `run` and `net-run` differ only in their defaults."""
+def _sandbox_from_args(a, net_run: bool = False, cmd=None):
+    """Policy file (if any) + flags; `run` and `net-run` differ only in their defaults.
+    Both protect the user's files (home_policy) and grant the command's own toolchain
+    (sandlock.toolchain) unless --strict; -v prints what that added, and why."""
     from .policy_file import load_policy, merge_fields, system_fields
     from .sandbox import Sandbox
     fields, system, timeout = {}, not a.no_system, a.timeout
@@ -220,17 +228,54 @@ def _sandbox_from_args(a, net_run: bool = False):
         loaded = load_policy(a.policy)
         fields, system = loaded.fields, system and loaded.system
         timeout = timeout if timeout is not None else loaded.timeout
-    base = system_fields() if system else {}
+    base = dict(system_fields()) if system else {}
+    base["protect_user_files"] = True
+    notes = []
+    if system and not a.strict and cmd:
+        from .toolchain import toolchain_grants
+        env = dict(os.environ)
+        env.update(fields.get("env") or {})
+        env.update(dict(item.partition("=")[::2] for item in a.env))
+        grants = toolchain_grants(cmd[0], env, a.cwd or fields.get("cwd") or os.getcwd())
+        base = merge_fields(base, {"fs_readable": [g.path for g in grants]})
+        notes += [f"read {g.path} ({g.why})" for g in grants]
     if net_run:
-        home = os.path.expanduser("~")
-        base = merge_fields(base, {
-            "fs_writable": [os.getcwd()],
-            "fs_denied": [os.path.expanduser(p) for p in NET_RUN_SECRETS
-                          if os.path.expanduser(p) != home]})
+        cwd = os.path.realpath(a.cwd or fields.get("cwd") or os.getcwd())
+        home = os.path.realpath(os.path.expanduser("~"))
+        if cwd in (home, "/"):
+            _say(f"note: the working directory {cwd} is {'your home' if cwd == home else '/'}"
+                 f": net-run does not make it writable (pass -w {cwd} to allow that)")
+        else:
+            base = merge_fields(base, {"fs_writable": [cwd]})
         if not (a.audit or fields.get("audit_log")):
             fields = merge_fields(fields, {"audit_log": _default_audit_path()})
     merged = merge_fields(merge_fields(base, fields), _flag_fields(a))
-    return Sandbox(**merged), timeout
+    sb = Sandbox(**merged)
+    if getattr(a, "verbose", False):
+        for note in notes:
+            _say(note)
+        for note in _protection_notes(sb.policy):
+            _say(note)
+    return sb, timeout
+
+
+def _protection_notes(policy) -> list[str]:
+    plan = policy.protection
+    if plan is None:
+        return []
+    how = {"mounts": "kernel mounts in the sandbox's own namespace",
+           "landlock": "Landlock rules and the supervisor (no namespace here)"}
+    out = [f"protecting the user's files by {how.get(policy.protect_mode, '?')}"]
+    out += [f"hidden {p}" for p in plan.hidden]
+    out += [f"read-only {p}" for p in plan.readonly]
+    if plan.guarded:
+        out.append(f"never created: {len(plan.guarded)} startup/config paths "
+                   f"(e.g. {plan.guarded[0]}), .envrc/.vscode/.idea and .git hooks")
+    from .protect import notice
+    extra = notice(plan, policy.protect_mode)
+    if extra:
+        out.append(f"note: {extra}")
+    return out
 
 
 def _default_audit_path() -> str:
@@ -280,7 +325,7 @@ def _run(a, net_run: bool = False) -> int:
         _say("error: no command given (usage: sandlock run [options] -- CMD)")
         return EXIT_SANDLOCK
     try:
-        sb, timeout = _sandbox_from_args(a, net_run)
+        sb, timeout = _sandbox_from_args(a, net_run, cmd)
         for lost in sb.degradations:
             _say(f"warning: degraded: {lost}")
         proc = sb.popen(cmd, StdioMode.INHERIT, StdioMode.INHERIT, StdioMode.INHERIT)
@@ -364,7 +409,7 @@ def _pipe(tokens: list[str]) -> int:
                 _say("error: a pipeline stage has no command "
                       "(stage: [options] -- CMD ...)")
                 return EXIT_SANDLOCK
-            sb, stage_timeout = _sandbox_from_args(args)
+            sb, stage_timeout = _sandbox_from_args(args, cmd=cmd)
             timeout = timeout if timeout is not None else stage_timeout
             stages.append(sb.cmd(cmd))
         result = Pipeline(stages).run(stdout=1, stdin=0, timeout=timeout)

@@ -33,6 +33,11 @@ class Confinement:
     # Overlay-backend workspaces: the rights the trampoline grants beneath its overlay
     # mount, in a ruleset built for each run from the same plan (run_ruleset).
     overlay_rights: int = 0
+    # The user's files (protect_user_files): the trampoline's protection list (a sealed
+    # memfd, -1 without mounts to make) and the guard's mode ("" without a guard).
+    protect_fd: int = -1
+    guard: str = ""
+    write_roots: frozenset = frozenset()  # (dev, ino) of path rules with every write right
     _policy: Policy | None = None
     _abi: int = 0
 
@@ -57,6 +62,9 @@ class Confinement:
         if self.bpf_fd >= 0:
             os.close(self.bpf_fd)
             self.bpf_fd = -1
+        if self.protect_fd >= 0:
+            os.close(self.protect_fd)
+            self.protect_fd = -1
         if self.ruleset is not None:
             self.ruleset.close()
 
@@ -70,6 +78,20 @@ class Confinement:
 def _plan(policy: Policy) -> dict[str, int]:
     return fs_rules.plan_path_rules(policy.fs_readable, policy.fs_writable,
                                     policy.fs_denied, policy.write_excluded)
+
+
+def _write_roots(rules: dict[str, int], abi: int) -> frozenset:
+    """Identities of the planned rules that grant every write right this ABI handles."""
+    need = fs_rules.WRITE_RIGHTS & landlock.fs_rights_for_abi(abi)
+    out = set()
+    for path, rights in rules.items():
+        if rights & need == need:
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except OSError:
+                continue
+            out.add((st.st_dev, st.st_ino))
+    return frozenset(out)
 
 
 def _build_ruleset(policy: Policy, abi: int, network: bool = True,
@@ -135,6 +157,20 @@ def build(policy: Policy) -> Confinement:
     if policy.policy_fn is not None and not supervised:
         raise PolicyError("policy_fn needs the supervisor, which this kernel cannot run "
                           "(see `sandlock check`)")
+    guard, protect_fd, write_roots = "", -1, frozenset()
+    plan = policy.protection
+    if plan is not None:
+        from . import protect
+        if protect.needs_guard(plan):
+            if not supervised:
+                raise PolicyError("protect_user_files under a writable grant needs the "
+                                  "supervisor, which this kernel cannot run (see `sandlock "
+                                  "check`)")
+            guard = policy.protect_mode
+            write_roots = _write_roots(_plan(policy), kf.landlock_abi)
+        listing = protect.spec(plan) if policy.protect_mode == "mounts" else b""
+        if listing:
+            protect_fd = _sealed_memfd("sandlock-protect", listing)
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised,
                                         deny_inet=kf.landlock_abi < 4,
                                         net_supervised=policy.net_supervised,
@@ -143,7 +179,8 @@ def build(policy: Policy) -> Confinement:
                                         cow=policy.workspace is not None
                                         and policy.workspace.backend == "seccomp",
                                         overlay=policy.workspace is not None
-                                        and policy.workspace.backend == "overlay")
+                                        and policy.workspace.backend == "overlay",
+                                        guard=guard)
     workspace = policy.workspace is not None
     overlay = workspace and policy.workspace.backend == "overlay"
     return Confinement(
@@ -158,5 +195,6 @@ def build(policy: Policy) -> Confinement:
         subreaper=policy.policy_fn is not None,
         overlay_rights=(landlock.fs_rights_for_abi(kf.landlock_abi) & fs_rules.WRITE_RIGHTS
                         if overlay else 0),
+        protect_fd=protect_fd, guard=guard, write_roots=write_roots,
         _policy=policy if workspace else None, _abi=kf.landlock_abi,
     )

@@ -29,10 +29,11 @@ STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
          "securebits", "capability bounding set", "capset", "ambient capabilities",
          "no_new_privs", "landlock_restrict_self", "reading the seccomp program", "seccomp",
          "handshake", "close-on-exec", "execve", "subreaper", "user namespace",
-         "uid/gid map", "mount propagation", "overlay mount", "overlay Landlock rule")
+         "uid/gid map", "mount propagation", "overlay mount", "overlay Landlock rule",
+         "protecting the user's files")
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
-_FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF = 3, 4, 5, 6
+_FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF, _FD_PROTECT = 3, 4, 5, 6, 7
 SETUP_TIMEOUT = 10.0
 
 
@@ -79,7 +80,7 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
     """`overlay`: (lower, upper, work) of an overlay-backend workspace, or None."""
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
-             | (4 if overlay is not None else 0))
+             | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0))
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0", str(flags), rlimits,
@@ -88,12 +89,13 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
 
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
           cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None,
-          run_rules: dict | None = None) -> Spawned:
+          run_rules: dict | None = None, ruleset_ready=None) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit).
 
     `attach(listener_fd, pid)` hands our duplicate of the listener to the supervisor; it
     runs while the trampoline waits, before the program is exec'd. `pid` is also the
-    sandbox's process group.
+    sandbox's process group. `ruleset_ready(fd)` sees the run's Landlock ruleset before
+    the start (the guard's confined threads keep a duplicate).
     """
     if not os.access(HELPER, os.X_OK):
         raise SandboxError(f"the sandlock-exec helper is missing ({HELPER}); build it with "
@@ -105,6 +107,8 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     else:
         ruleset = conf.ruleset
     try:
+        if ruleset_ready is not None and ruleset is not None:
+            ruleset_ready(ruleset.fd)
         return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay)
     finally:
         if ruleset is not None and ruleset is not conf.ruleset:
@@ -118,6 +122,8 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
     placements = [(fd, i) for i, fd in enumerate(stdio) if fd >= 0]
     placements += [(status_w, _FD_STATUS), (ack_r, _FD_ACK), (ruleset_fd, _FD_RULESET),
                    (conf.bpf_fd, _FD_BPF)]
+    if conf.protect_fd >= 0:
+        placements.append((conf.protect_fd, _FD_PROTECT))
     try:
         pid = os.posix_spawn(
             HELPER, _helper_argv(conf, ruleset, exe, argv, cwd, overlay), env,

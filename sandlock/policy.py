@@ -127,6 +127,8 @@ class Policy:
     workspace: object = None         # workspace_policy.Workspace (a copy-on-write workdir)
     private_tmp: bool = False        # a TMPDIR of its own per run (sandlock.private_tmp)
     write_excluded: tuple = ()       # paths writable grants must not cover (fs_rules)
+    protection: object = None        # home_policy.HomePlan (protect_user_files), or None
+    protect_mode: str = ""           # "mounts" or "landlock" (sandlock.protect)
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -433,6 +435,18 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
             if is_beneath(g, d):
                 raise PolicyError(f"fs_denied {d} contains the granted path {g}: "
                                   f"remove one of them")
+    protection, protect_mode = None, ""
+    protect = fields.get("protect_user_files")
+    if protect not in (None, True, False):
+        raise PolicyError(f"protect_user_files: expected true or false, got {protect!r}")
+    if protect:
+        from . import protect as _protect
+        # A workdir is written through its layer: its tree is protected as a grant's is.
+        wd = (workspace.workdir,) if workspace is not None else ()
+        protection = _protect.user_plan(readable, writable + wd, denied)
+        protect_mode = _protect.mode()
+        if protect_mode == "landlock":
+            denied += tuple(h for h in protection.hidden if h not in denied)
     net_allow = list(fields.get("net_allow") or ())
     if http is not None and not net_allow and not isinstance(fields.get("net_allow"), str):
         # HTTP rules alone open their hosts on the HTTP ports (upstream's semantics); a
@@ -500,6 +514,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         runtime_events=runtime_events,
         workspace=workspace, write_excluded=write_excluded,
         private_tmp=_private_tmp(fields.get("private_tmp"), workspace),
+        protection=protection, protect_mode=protect_mode,
     )
 
 

@@ -6,7 +6,7 @@ current directory and `~` is expanded, as a shell would for the same paths on th
 
     version: 1
     name: github-readonly
-    filesystem: {system: true, read: [...], write: [...], deny: [...]}
+    filesystem: {system: true, read: [...], write: [...], deny: [...], protect: true}
     network: {allow: [...], deny: [...], bind: [...], unix: [...], allow_private: false}
     dns: {servers: ["127.0.0.53"]}
     http: {allow: ["GET api.github.com/repos/*", {methods: [GET], host: x, path: /a/*}],
@@ -15,7 +15,10 @@ current directory and `~` is expanded, as a shell would for the same paths on th
     process: {env: {K: V}, clean_env: false, cwd: ., timeout: 60}
     syscalls: {deny: [...], allow: [sysv_ipc]}
     workspace: {workdir: ., storage: ~/.cache/sandlock/cow, max_disk: 1G,
-                on_exit: commit, on_error: abort}
+                on_exit: commit, on_error: abort, backend: auto}
+
+`filesystem.protect` (default true): the user's secrets are hidden and persistence
+vectors kept under every grant (sandlock.home_policy); paths named in a grant are exempt.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ SCHEMA = {
     "version": NUM,
     "name": STR,
     "filesystem": {"system": (BOOL, None), "read": (STRLIST, "fs_readable"),
-                   "write": (STRLIST, "fs_writable"), "deny": (STRLIST, "fs_denied")},
+                   "write": (STRLIST, "fs_writable"), "deny": (STRLIST, "fs_denied"),
+                   "protect": (BOOL, "protect_user_files")},
     "network": {"allow": (STRLIST, "net_allow"), "deny": (STRLIST, "net_deny"),
                 "bind": (PORTLIST, "net_allow_bind"), "unix": (STRLIST, "net_allow_unix"),
                 "allow_private": (BOOL, "net_allow_private")},
@@ -50,7 +54,7 @@ SCHEMA = {
                 "cwd": (STR, "cwd"), "timeout": (NUM, None)},
     "workspace": {"workdir": (STR, "workdir"), "storage": (STR, "fs_storage"),
                   "max_disk": (SIZE, "max_disk"), "on_exit": (STR, "on_exit"),
-                  "on_error": (STR, "on_error")},
+                  "on_error": (STR, "on_error"), "backend": (STR, "workspace_backend")},
     "syscalls": {"deny": (STRLIST, "extra_deny_syscalls"),
                  "allow": (STRLIST, "extra_allow_syscalls")},
 }
@@ -194,6 +198,7 @@ def load_policy(path: str) -> LoadedPolicy:
                 _check_endpoints(path, sv_node, full, value)
     if "version" not in seen:
         raise PolicyError(f"{path}:1: missing 'version: 1'")
+    out.fields.setdefault("protect_user_files", True)
     return out
 
 
@@ -212,6 +217,10 @@ LIST_FIELDS = ("fs_readable", "fs_writable", "fs_denied", "net_allow", "net_deny
                "http_upgrades", "http_raw")
 
 
+# Booleans whose false is a choice, not "unset" (a policy file turning a default off).
+EXPLICIT_FALSE = {"protect_user_files"}
+
+
 def merge_fields(base: dict, extra: dict) -> dict:
     """`extra` adds to `base`: lists are concatenated, mappings merged, scalars replaced
     (when set). This is how CLI flags add to a policy file."""
@@ -223,7 +232,7 @@ def merge_fields(base: dict, extra: dict) -> dict:
             out[key] = list(out.get(key) or []) + list(value)
         elif key == "env":
             out[key] = {**(out.get(key) or {}), **value}
-        elif value is not False or key not in out:
+        elif value is not False or key not in out or key in EXPLICIT_FALSE:
             out[key] = value
     return out
 

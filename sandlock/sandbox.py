@@ -55,6 +55,7 @@ class Sandbox:
     on_error: BranchAction = BranchAction.ABORT
     workspace_backend: str | None = None
     private_tmp: bool | None = None
+    protect_user_files: bool = False
     extra_deny_syscalls: Sequence[str] | None = None
     extra_allow_syscalls: Sequence[str] | None = None
     net_allow: Sequence[str] | None = None
@@ -259,7 +260,20 @@ class Sandbox:
                               policy.runtime_events, self._audit_log(), policy.name)
         session = Session(policy, policy.name, net, runtime)
         workspace = _Workspace.start(policy, self.on_exit, self.on_error, session)
-        session.own_mounts = workspace is not None and workspace.overlay is not None
+        session.overlay = workspace is not None and workspace.overlay is not None
+        session.own_mounts = session.overlay or conf.protect_fd >= 0
+        ruleset_ready = None
+        if conf.guard:
+            from .supervisor.confined import Confined
+            from .supervisor.guard import Protection
+
+            def ruleset_ready(fd):
+                threads = Confined(fd, policy.keep_caps)
+                session.protection = Protection(policy.protection, conf.guard, threads,
+                                                conf.write_roots)
+            if conf.ruleset is None and not (workspace is not None and
+                                             (workspace.overlay or workspace.run_rules)):
+                ruleset_ready(None)
         parent_ends, child_fds, to_close = _stdio(stdin, stdout, stderr)
         try:
             if exe is None:
@@ -269,7 +283,8 @@ class Sandbox:
                 env, policy.cwd, child_fds,
                 attach=lambda listener, pid: supervisor().attach(listener, session, pid),
                 overlay=workspace.overlay if workspace is not None else None,
-                run_rules=workspace.run_rules if workspace is not None else None)
+                run_rules=workspace.run_rules if workspace is not None else None,
+                ruleset_ready=ruleset_ready)
         except BaseException:
             for fd in parent_ends:
                 if fd >= 0:
@@ -484,6 +499,8 @@ class Process:
                 self._status = status
                 if self._session.runtime is not None:
                     self._session.runtime.close()
+                if self._session.protection is not None:
+                    self._session.protection.threads.close()
                 for cleanup in self._cleanup:
                     try:
                         cleanup()
@@ -673,6 +690,7 @@ class _Workspace:
         self.on_exit, self.on_error = on_exit, on_error
         self.max_disk = max_disk
         self.changes: list = []
+        self.refused: list = []  # (change, reason) never applied (protected files)
         self.action: BranchAction | None = None
         self.pending = False
         self.error: str | None = None
@@ -725,6 +743,7 @@ class _Workspace:
             return
         try:
             self.changes = cow.diff(self.layer)
+            self._refuse_protected(session)
             if self.max_disk is not None and action == BranchAction.COMMIT:
                 used = self.layer.usage()
                 if used > self.max_disk:
@@ -736,6 +755,29 @@ class _Workspace:
             self.action = BranchAction.KEEP
             self.error = f"copy-on-write {action.value} failed: {e}; layer kept in " \
                          f"{self.layer.root}"
+
+    def _refuse_protected(self, session) -> None:
+        """Changes to the user's protected files (protect_user_files) are never applied:
+        inside the workdir the sandbox wrote to its layer, so they are refused here, at
+        the commit, and listed in `refused`."""
+        prot = session.protection
+        if prot is None:
+            return
+        kept = []
+        for change in self.changes:
+            real = os.path.join(self.layer.lower, change.path)
+            why = prot.refusal(real)
+            if why is None and change.action == "deleted":
+                why = prot.moves(real)
+            if why is None:
+                kept.append(change)
+            else:
+                self.refused.append((change, why))
+        if self.refused:
+            self.changes = kept
+            first = self.refused[0][1]
+            self.error = (f"{len(self.refused)} change(s) to protected files not applied "
+                          f"(e.g. {first})")
 
     def _apply(self, action: BranchAction) -> None:
         from . import cow

@@ -222,6 +222,25 @@ def creation_refusal(name: str, args) -> str | None:
 
 # An overlay-backend workspace: directory renames the overlay refuses (supervisor.overlay_calls).
 OVERLAY_SYSCALLS = ("rename", "renameat", "renameat2")
+# The user's files under writable grants (supervisor.guard): calls that create a name, and
+# opens that create (their flags are a register); in "landlock" mode (no mount namespace)
+# also opens that may write, and the calls that remove or truncate by name.
+GUARD_NAME_CALLS = ("creat", "mkdir", "mkdirat", "mknod", "mknodat", "symlink", "symlinkat",
+                    "link", "linkat", "rename", "renameat", "renameat2")
+GUARD_OPEN_FLAGS = {"open": 1, "openat": 2}
+GUARD_LANDLOCK_CALLS = ("unlink", "unlinkat", "rmdir", "truncate")
+_O_WRONLY, _O_RDWR, _O_TRUNC = 0o1, 0o2, 0o1000
+
+
+def guard_wants(name: str, args, mode: str) -> bool:
+    """Whether the guard serves this call (the same test as the filter's rules)."""
+    if name in GUARD_OPEN_FLAGS:
+        flags = args[GUARD_OPEN_FLAGS[name]]
+        mask = _O_CREAT if mode == "mounts" else _O_CREAT | _O_WRONLY | _O_RDWR | _O_TRUNC
+        return bool(flags & mask)
+    if name in GUARD_NAME_CALLS:
+        return bool(mode)
+    return mode == "landlock" and name in GUARD_LANDLOCK_CALLS
 
 
 def clone_refusal(flags: int, runtime: bool) -> str | None:
@@ -247,7 +266,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
                    udp: bool = False, icmp: bool = False,
                    runtime_events: frozenset = frozenset(), cow: bool = False,
                    deny_unix: bool = False, deny_listen: bool = False,
-                   overlay: bool = False) -> bytes:
+                   overlay: bool = False, guard: str = "") -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -259,10 +278,11 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     supervisor; cow sends the path calls a copy-on-write workdir serves. For COW clones,
     which run without a supervisor: deny_unix refuses AF_UNIX sockets and socketpair (no
     pathname-socket connect or send can be checked), deny_listen refuses listen() (on an
-    unbound socket it binds a port Landlock never sees).
+    unbound socket it binds a port Landlock never sees). guard ("mounts" or "landlock")
+    sends the calls the protection of the user's files needs (guard_wants).
     """
     key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow,
-           deny_unix, deny_listen, overlay)
+           deny_unix, deny_listen, overlay, guard)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -271,7 +291,7 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
              udp: bool, icmp: bool, runtime_events: frozenset, cow: bool,
-             deny_unix: bool, deny_listen: bool, overlay: bool) -> bytes:
+             deny_unix: bool, deny_listen: bool, overlay: bool, guard: str) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -290,7 +310,16 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
         f.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _LOW32, _PR_SET_CHILD_SUBREAPER))
     observed = sorted({n for kind in runtime_events for n in RUNTIME_SYSCALLS[kind]}
                       | (set(COW_SYSCALLS) if cow else set())
-                      | (set(OVERLAY_SYSCALLS) if overlay else set()))
+                      | (set(OVERLAY_SYSCALLS) if overlay else set())
+                      | (set(GUARD_NAME_CALLS) if guard else set())
+                      | (set(GUARD_LANDLOCK_CALLS) if guard == "landlock" else set()))
+    if guard:
+        bits = (_O_CREAT,) if guard == "mounts" else (_O_CREAT, _O_WRONLY, _O_RDWR, _O_TRUNC)
+        for name, arg in GUARD_OPEN_FLAGS.items():
+            if name in observed:
+                continue  # sent whatever its flags
+            for bit in bits:
+                f.add_rule(sc.NOTIFY, syscall_number(name), sc.Arg(arg, sc.MASKED_EQ, bit, bit))
     for name in observed:  # only reachable with the supervisor (build() checks)
         if name in _COW_FD_FORMS:
             # fstat() is newfstatat/statx(fd, "", AT_EMPTY_PATH): about a quarter of a

@@ -97,6 +97,12 @@ def scopes_for_abi(abi: int) -> int:
     return SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
 
 
+def restrict_self_errno(ruleset_fd: int) -> int:
+    """Enforce the ruleset at `ruleset_fd` on the calling *thread* (no thread-sync flag);
+    returns 0 or -errno."""
+    return syscall_errno(NR_LANDLOCK_RESTRICT_SELF, ruleset_fd, ctypes.c_uint32(0))
+
+
 class LandlockRuleset:
     """An open ruleset fd. Rules are added in the parent; the child only restricts itself.
 
@@ -125,7 +131,7 @@ class LandlockRuleset:
 
     def restrict_self_errno(self) -> int:
         """Enforce the ruleset on the calling thread; returns 0 or -errno (child-safe)."""
-        return syscall_errno(NR_LANDLOCK_RESTRICT_SELF, self.fd, ctypes.c_uint32(0))
+        return restrict_self_errno(self.fd)
 
     def close(self) -> None:
         if self.fd >= 0:

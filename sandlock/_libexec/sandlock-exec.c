@@ -8,6 +8,9 @@
  *   4 ack (read): one byte from the parent once it holds the seccomp listener
  *   5 Landlock ruleset, or -1 in argv when Landlock is unavailable (degraded)
  *   6 BPF program (struct sock_filter[]), read with pread
+ *   7 (flag bit 3) the protection list: records "<kind><path>\0", read with pread:
+ *     'e' an empty file of mode 0 (hidden files are covered by it), 'h' a path to hide,
+ *     'r' a path to make read-only
  * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) FLAGS
  *       RLIMITS("res:soft:hard,..." or "-") LOWER UPPER WORK RIGHTS -- EXE ARGV0 ARGV...
  * FLAGS: bit 0 = a Landlock ruleset is at fd 5; bit 1 = become a child subreaper (the
@@ -18,9 +21,14 @@
  * namespace mapping the caller's uid and gid to themselves), and the Landlock ruleset
  * (made for this run alone) gains a rule granting RIGHTS (hex) beneath the overlay's root:
  * a rule on the workdir itself would not reach it (Landlock skips mount points). "-"
- * when unused.
+ * when unused. Bit 3 = protect the user's files (sandlock/home_policy.py), in the same
+ * mount namespace: a hidden directory is covered by an empty read-only tmpfs of mode 0, a
+ * hidden file by a read-only bind of the 'e' file, a read-only path by a read-only bind
+ * of itself (recursive). Each target is opened once with O_NOFOLLOW and the mount is
+ * placed on that fd (move_mount), so a symlink swapped in is never followed; a path gone
+ * since the plan is skipped (the supervisor's guard refuses its re-creation).
  *
- * Order: close every other fd -> [overlay] -> cwd -> rlimits -> capabilities ->
+ * Order: close every other fd -> [overlay] -> [protection] -> cwd -> rlimits -> capabilities ->
  * NO_NEW_PRIVS -> Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
  * The overlay comes first so that cwd is resolved in the sandbox's own view; its mount
  * propagation is made slave first, so the mount never reaches the caller's namespace.
@@ -46,6 +54,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -55,9 +64,10 @@ extern char **environ;
 enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, ST_BOUNDING,
        ST_CAPSET, ST_AMBIENT, ST_NO_NEW_PRIVS, ST_LANDLOCK, ST_SECCOMP_READ, ST_SECCOMP,
        ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER, ST_USERNS, ST_ID_MAP,
-       ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE };
+       ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT };
 
-enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6 };
+enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7 };
+enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8 };
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
 #define MAX_BPF_INSNS 4096
@@ -149,9 +159,11 @@ static void write_file(const char *path, const char *text, int step) {
     close(fd);
 }
 
-/* The overlay backend's private view of the workdir. Returns 1 when a user namespace was
- * entered (its capabilities must then be dropped like root's). */
-static int enter_overlay(const char *lower, const char *upper, const char *work) {
+/* A mount namespace of the sandbox's own (and, unless root, a user namespace mapping the
+ * caller's uid and gid to themselves), its mounts slaves of ours so that nothing made here
+ * reaches the caller's namespace. Returns 1 when a user namespace was entered (its
+ * capabilities must then be dropped like root's). */
+static int enter_namespace(void) {
     int userns = getuid() != 0;
     if (userns) {
         uid_t uid = getuid();
@@ -169,6 +181,11 @@ static int enter_overlay(const char *lower, const char *upper, const char *work)
     }
     if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
         fail(ST_MOUNT_SLAVE, errno);
+    return userns;
+}
+
+/* The overlay backend's private view of the workdir. */
+static void mount_overlay(const char *lower, const char *upper, const char *work) {
     static char opts[3 * 4096 + 64];
     int n = snprintf(opts, sizeof opts,
                      "lowerdir=%s,upperdir=%s,workdir=%s,userxattr",
@@ -177,7 +194,89 @@ static int enter_overlay(const char *lower, const char *upper, const char *work)
         fail(ST_OVERLAY, ENAMETOOLONG);
     if (mount("overlay", lower, "overlay", 0, opts) < 0)
         fail(ST_OVERLAY, errno);
-    return userns;
+}
+
+#define MOUNT_LOCKDOWN (MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | \
+                        MOUNT_ATTR_NOEXEC)
+
+/* Place the detached mount `tree` on the object open at `target`. */
+static void place(int tree, int target) {
+    if (syscall(SYS_move_mount, tree, "", target, "",
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+        fail(ST_PROTECT, errno);
+    close(tree);
+}
+
+/* An empty read-only tmpfs of mode 0 (nothing to list, nothing to read, nothing to chmod),
+ * detached. */
+static int empty_tmpfs(void) {
+    int fs = (int)syscall(SYS_fsopen, "tmpfs", FSOPEN_CLOEXEC);
+    if (fs < 0)
+        fail(ST_PROTECT, errno);
+    if (syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "mode", "0", 0) < 0 ||
+        syscall(SYS_fsconfig, fs, FSCONFIG_SET_STRING, "size", "4k", 0) < 0 ||
+        syscall(SYS_fsconfig, fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+        fail(ST_PROTECT, errno);
+    int tree = (int)syscall(SYS_fsmount, fs, FSMOUNT_CLOEXEC, MOUNT_LOCKDOWN);
+    if (tree < 0)
+        fail(ST_PROTECT, errno);
+    close(fs);
+    return tree;
+}
+
+/* A detached read-only copy of the mount tree at `source` (recursive). */
+static int readonly_clone(int source, unsigned int lockdown) {
+    int tree = (int)syscall(SYS_open_tree, source, "",
+                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE);
+    if (tree < 0)
+        fail(ST_PROTECT, errno);
+    struct mount_attr attr = {.attr_set = lockdown};
+    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr,
+                sizeof attr) < 0)
+        fail(ST_PROTECT, errno);
+    return tree;
+}
+
+/* The protection list (fd 7): hide secrets, make persistence vectors read-only. */
+static void protect(void) {
+    static char spec[1 << 20];
+    ssize_t n = pread(FD_PROTECT, spec, sizeof spec - 1, 0);
+    if (n < 0 || n == (ssize_t)sizeof spec - 1)
+        fail(ST_PROTECT, n < 0 ? errno : E2BIG);
+    spec[n] = 0;
+    int empty = -1;
+    for (char *p = spec; p < spec + n; p += strlen(p) + 1) {
+        char kind = p[0];
+        const char *path = p + 1;
+        int target = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (target < 0) {
+            if (errno == ENOENT || errno == ENOTDIR)
+                continue;  /* gone since the plan: nothing to cover */
+            fail(ST_PROTECT, errno);
+        }
+        struct stat st;
+        if (fstat(target, &st) < 0)
+            fail(ST_PROTECT, errno);
+        if (kind == 'e') {
+            empty = target;
+            continue;
+        }
+        if (S_ISLNK(st.st_mode)) {
+            close(target);  /* a symlink: what it points to is planned separately */
+            continue;
+        }
+        if (kind == 'r')
+            place(readonly_clone(target, MOUNT_ATTR_RDONLY), target);
+        else if (kind == 'h' && S_ISDIR(st.st_mode))
+            place(empty_tmpfs(), target);
+        else if (kind == 'h' && empty >= 0)
+            place(readonly_clone(empty, MOUNT_LOCKDOWN), target);
+        else
+            fail(ST_PROTECT, EINVAL);
+        close(target);
+    }
+    if (empty >= 0)
+        close(empty);
 }
 
 /* The overlay's root (now at LOWER) gets `rights` in this run's own ruleset. */
@@ -209,7 +308,21 @@ int main(int argc, char **argv) {
      * backend's view here? Exits 0 if so (its private namespace ends with it). */
     if (argc == 5 && strcmp(argv[1], "--probe-overlay") == 0) {
         probing = 1;
-        enter_overlay(argv[2], argv[3], argv[4]);
+        enter_namespace();
+        mount_overlay(argv[2], argv[3], argv[4]);
+        return 0;
+    }
+    /* sandlock-exec --probe-protect: can this user make the mounts of the protection
+     * list here (a namespace of its own, a tmpfs, a read-only clone)? */
+    if (argc == 2 && strcmp(argv[1], "--probe-protect") == 0) {
+        probing = 1;
+        enter_namespace();
+        int tree = empty_tmpfs();
+        int root = open("/", O_PATH | O_CLOEXEC);
+        if (root < 0)
+            fail(ST_PROTECT, errno);
+        close(readonly_clone(root, MOUNT_ATTR_RDONLY));
+        close(tree);
         return 0;
     }
     if (argc < 14 || strcmp(argv[11], "--") != 0)
@@ -219,22 +332,26 @@ int main(int argc, char **argv) {
     int cap_last = (int)parse_num(argv[3], 10);
     int privileged = (int)parse_num(argv[4], 10);
     int flags = (int)parse_num(argv[5], 10);
-    int has_ruleset = flags & 1;
+    int has_ruleset = flags & F_RULESET;
     if (cap_last > 63)
         fail(ST_ARGS, EINVAL);
 
     /* Nothing the parent leaked (fds without O_CLOEXEC) reaches the program. */
-    if (syscall(SYS_close_range, FD_BPF + 1, ~0U, 0) < 0)
+    if (syscall(SYS_close_range, FD_PROTECT + 1, ~0U, 0) < 0)
         fail(ST_CLOSE_FDS, errno);
-    if (flags & 4) {
-        if (enter_overlay(argv[7], argv[8], argv[9]))
-            privileged = 1;  /* the user namespace's capabilities go with the rest */
+    if ((flags & (F_OVERLAY | F_PROTECT)) && enter_namespace())
+        privileged = 1;  /* the user namespace's capabilities go with the rest */
+    if (flags & F_OVERLAY) {
+        mount_overlay(argv[7], argv[8], argv[9]);
         if (has_ruleset)
             allow_overlay(argv[7], parse_num(argv[10], 16));
     }
+    if (flags & F_PROTECT)
+        protect();
+    close(FD_PROTECT);
     if (strcmp(cwd, "-") != 0 && chdir(cwd) < 0)
         fail(ST_CHDIR, errno);
-    if ((flags & 2) && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+    if ((flags & F_SUBREAPER) && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         fail(ST_SUBREAPER, errno);
     set_rlimits(argv[6]);
     drop_capabilities(keep, cap_last, privileged);

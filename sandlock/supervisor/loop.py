@@ -47,6 +47,10 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
                      lifecycle.HANDLERS, opens.HANDLERS, names.HANDLERS):
         for name, handler in handlers.items():
             table[syscall_number(name)] = (name, handler)
+    from . import guard
+    for name in guard.HANDLERS:
+        nr = syscall_number(name)
+        table[nr] = (name, _with_guard(name, table.get(nr, (name, None))[1]))
     from ..syscall_filter import COW_SYSCALLS
     for name in COW_SYSCALLS:
         if name in ("execve", "execveat"):
@@ -59,24 +63,61 @@ def _dispatch_table() -> dict[int, tuple[str, object]]:
     return table
 
 
+def _with_guard(name, other):
+    """A call the guard serves (supervisor.guard: it creates a name, or may write where no
+    mount namespace keeps the user's files) in a sandbox with a protection plan; otherwise
+    the handler it has without one (a policy_fn's), if any. A policy_fn's file event is
+    decided before the guard acts."""
+    from . import guard
+    from ..syscall_filter import guard_wants
+    act = guard.HANDLERS[name]
+
+    def handler(req, session):
+        prot = session.protection
+        if prot is not None and guard_wants(name, req.args, prot.mode):
+            if session.runtime is not None and name in opens.HANDLERS:
+                opens.decide_event(req, session, name)
+            return act(req, session)
+        if other is None:
+            raise Denied(errno.ENOSYS, "no handler for this syscall")
+        return other(req, session)
+    return handler
+
+
+def _guard_outside(name, req, session, result):
+    """A workspace left the call to the kernel (spelled outside the workdir): the guard's,
+    if it wants it (inside, a commit never applies protected paths: _Workspace)."""
+    prot = session.protection
+    if result is CONTINUE and prot is not None:
+        from . import guard
+        from ..syscall_filter import guard_wants
+        if name in guard.HANDLERS and guard_wants(name, req.args, prot.mode):
+            return guard.HANDLERS[name](req, session)
+    return result
+
+
 def _with_workspace(name, other):
     """A call the copy-on-write layer serves in a sandbox with a workdir; otherwise the
-    handler it has without one (a policy_fn's opens), if any. A policy_fn's file event is
-    decided before the layer acts. The workspace's modules load with the first such call."""
+    handler it has without one (the guard's, a policy_fn's opens), if any. A policy_fn's
+    file event is decided before the layer acts. The workspace's modules load with the
+    first such call."""
     def handler(req, session):
         if session.cow is None:
-            if session.own_mounts and name in overlay_calls.HANDLERS:
-                return overlay_calls.HANDLERS[name](req, session)
+            if session.overlay and name in overlay_calls.HANDLERS:
+                return _guard_outside(name, req, session,
+                                      overlay_calls.HANDLERS[name](req, session))
             if other is None:
                 raise Denied(errno.ENOSYS, "no handler for this syscall")
             return other(req, session)
         from . import cow_calls
         cow_handler = cow_calls.HANDLERS[name]
         if other is None or session.runtime is None:
-            return cow_handler(req, session)
+            return _guard_outside(name, req, session, cow_handler(req, session))
         if name in opens.HANDLERS:
             opens.decide_event(req, session, name)
         result = cow_handler(req, session)  # checks the callback's denied paths itself
+        if result is CONTINUE and session.protection is not None:
+            return _guard_outside(name, req, session, result)
         if result is CONTINUE and session.runtime.denied_paths:
             # Spelled outside the workdir: the callback's denied paths only (no new event).
             return opens.PATH_ONLY.get(name, other)(req, session)
@@ -104,7 +145,8 @@ MAX_DEFERRED_PER_SANDBOX = 32
 FREEZE_LIMIT = 1.0   # seconds to freeze a sandbox, and again for a released call to return
 # Calls a policy_fn may hold: with one, their handlers run on a worker from the start.
 HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", "execveat",
-                  "open", "openat", "creat", *names.HANDLERS})
+                  "open", "openat", "creat", *names.HANDLERS, "mkdir", "mkdirat", "mknod",
+                  "mknodat", "unlink", "unlinkat", "rmdir", "truncate"})
 # (Handlers of the copy-on-write workdir, supervisor.cow_calls, run on this thread: the
 # layer's lock orders them with the ones a policy_fn makes run on workers.)
 
@@ -120,7 +162,9 @@ class Session:
         self.net = net  # NetState when the network handlers are in use
         self.runtime = runtime  # supervisor.runtime.Runtime when there is a policy_fn
         self.cow = None         # sandlock.cow.CowLayer when there is a copy-on-write workdir
-        self.own_mounts = False  # the sandbox has a mount namespace of its own (overlay)
+        self.own_mounts = False  # the sandbox has a mount namespace of its own
+        self.overlay = False    # ... holding an overlay-backend workspace
+        self.protection = None  # supervisor.guard.Protection: the user's files kept
         self.cow_max_disk = None
         self.fast = False       # the C fast path answers some of its connects (fastpath.py)
         self.denials: list[dict] = []
@@ -339,11 +383,11 @@ class Supervisor:
             # Worker threads keep the supervisor's full capabilities only as *permitted*:
             # they drop the effective set first, like this thread does.
             self._submit(req, session, self._finish_deferred, req, session, name, result.fn,
-                         guard=result.guard)
+                         guard=result.guard, pool=result.pool)
             return
         self._send(req, session, result)
 
-    def _submit(self, req, session, fn, *args, guard=None) -> None:
+    def _submit(self, req, session, fn, *args, guard=None, pool=None) -> None:
         """Run fn(*args) on a worker. One sandbox may not occupy every worker: past its
         quota its calls fail with EAGAIN (retried by libc or the program) instead of
         starving the others. A Defer's guard is registered so a dead caller aborts it."""
@@ -358,7 +402,7 @@ class Supervisor:
             if entry is not None:
                 self._pending.add(entry)
         try:
-            self._pool().submit(self._on_worker, session, entry, fn, *args)
+            (pool or self._pool()).submit(self._on_worker, session, entry, fn, *args)
         except BaseException:  # no worker could be started: deny, never hang
             with self._pending_lock:
                 session.deferred -= 1
@@ -393,6 +437,8 @@ class Supervisor:
                 raise Denied(errno.ENOSYS, "no handler for this syscall")
             self._act_as(session)
             result = handler(req, session)
+            if isinstance(result, Defer) and result.pool is not None:
+                return result  # it runs on its own pool (below)
             if isinstance(result, Defer):
                 entry = (req.listener, req.id, result.guard)
                 with self._pending_lock:
@@ -408,6 +454,9 @@ class Supervisor:
         result = self._complete(req, session, name, run)
         if isinstance(result, Frozen):
             self._run_frozen(req, session, name, result)
+        elif isinstance(result, Defer):
+            self._submit(req, session, self._finish_deferred, req, session, name, result.fn,
+                         guard=result.guard, pool=result.pool)
         else:
             self._send(req, session, result)
 

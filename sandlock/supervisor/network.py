@@ -37,11 +37,14 @@ CONTINUE = object()  # handler result: let the kernel perform the call
 class Defer:
     """Handler result: finish `fn()` on a worker thread (a blocking on-behalf call must not
     stall the supervisor loop). `guard` owns the call's fds: the loop aborts the call through
-    it if the caller dies, and releases them if the call is never run."""
+    it if the caller dies, and releases them if the call is never run. `pool`: the workers
+    to run it on (a sandbox's confined threads, supervisor.confined), else the shared
+    ones."""
 
-    def __init__(self, fn, guard: "Guard"):
+    def __init__(self, fn, guard: "Guard", pool=None):
         self.fn = fn
         self.guard = guard
+        self.pool = pool
 
 
 class Frozen:

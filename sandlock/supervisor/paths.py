@@ -32,14 +32,15 @@ def view(session, tgid: int) -> str:
 
 
 def resolve(tgid: int, tid: int, base: str, path: str, follow_last: bool,
-            root: str = "") -> str | None:
+            root: str = "", magic: bool = False) -> str | None:
     """The absolute path `path` names for thread `tid` of process `tgid`, relative to the
     directory `base` (absolute) when it is relative, as the process sees it (`root`: see
     `view`; every prefix looked at is free of symlinks, so none is followed in our own
     namespace). None when a directory on the way does not exist (the kernel fails the
     call too); a missing last component is returned as the path it would have (a file
     about to be created). Objects that are not files (a pipe reached through /proc/PID/fd)
-    resolve to their /proc link's description."""
+    resolve to their /proc link's description (with `magic`, to the /proc link's own
+    path, which opens the object)."""
     cur = [] if path.startswith("/") else _components(base)
     todo = _components(path)
     links = 0
@@ -75,7 +76,8 @@ def resolve(tgid: int, tid: int, base: str, path: str, follow_last: bool,
                 raise Unresolvable(f"{candidate}: {e.strerror}") from None
             if not target.startswith("/"):
                 if cur[:1] == ["proc"] and ":" in target:
-                    return target  # a /proc magic link to a pipe, socket or anon inode
+                    # a /proc magic link to a pipe, socket or anon inode
+                    return candidate if magic else target
                 todo = _components(target) + todo
                 continue
             cur = []

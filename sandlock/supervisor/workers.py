@@ -28,12 +28,23 @@ class WorkerLimit(Exception):
 
 
 class Workers:
-    def __init__(self, name: str = "sandlock-onbehalf"):
+    """`setup` runs first in every new thread (supervisor.confined restricts it there);
+    past `limit` threads, jobs wait in the queue when `queue_when_full`, else are refused
+    (WorkerLimit)."""
+
+    def __init__(self, name: str = "sandlock-onbehalf", setup=None, limit: int = LIMIT,
+                 queue_when_full: bool = False):
         self._name = name
+        self._setup = setup
+        self._limit = limit
+        self._queue_when_full = queue_when_full
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
         self._waiting = 0   # idle threads not yet promised a job
+        self._backlog = 0   # queued jobs no thread was promised to (queue_when_full)
+        # Invariant: threads blocked in get() == _waiting + promised jobs in the queue, and
+        # the queue holds the promised jobs and the backlog: every job has a taker coming.
 
     def submit(self, fn, *args) -> None:
         with self._lock:
@@ -41,8 +52,12 @@ class Workers:
                 self._waiting -= 1  # that idle thread will take this job
                 self._jobs.put((fn, args))
                 return
-            if self._threads >= LIMIT:
-                raise WorkerLimit(f"{LIMIT} supervisor workers are busy")
+            if self._threads >= self._limit:
+                if self._queue_when_full:
+                    self._backlog += 1  # the next thread to finish a job takes it
+                    self._jobs.put((fn, args))
+                    return
+                raise WorkerLimit(f"{self._limit} supervisor workers are busy")
             self._threads += 1
             self._jobs.put((fn, args))
         try:
@@ -54,6 +69,8 @@ class Workers:
 
     def _run(self) -> None:
         interrupt.only_interruptible()
+        if self._setup is not None:
+            self._setup()  # records its own failure (the jobs then refuse)
         while True:
             try:
                 fn, args = self._jobs.get(timeout=IDLE)
@@ -69,7 +86,10 @@ class Workers:
             except BaseException:  # a job reports its own failures; the thread lives on
                 pass
             with self._lock:
-                self._waiting += 1
+                if self._backlog > 0:
+                    self._backlog -= 1  # this thread is the backlog job's taker
+                else:
+                    self._waiting += 1
 
     @property
     def alive(self) -> int:

