@@ -8,6 +8,7 @@ Run it with `make demo` (sets everything up first) or `.venv/bin/python examples
 import http.server
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -159,7 +160,7 @@ def net_run_demo():
                                                        "reason", "argv")}))
     print(f"\nThe allowed service answered {api.hits} request(s); the other one saw "
           f"{other.hits}: the connection never left the sandbox.")
-    print(f"Summarise any audit log with: sandlock audit {audit}")
+    print("Summarise any audit log with: sandlock audit FILE")
     api.shutdown()
     other.shutdown()
 
@@ -231,7 +232,15 @@ def workspace_demo():
 
 
 if __name__ == "__main__":
-    main()
-    net_run_demo()
-    http_rule_demo()
-    workspace_demo()
+    # Everything the demo creates (its fake home, audit logs, repository, layers) lives in
+    # one scratch directory, removed at the end.
+    scratch = tempfile.mkdtemp(prefix="sandlock-demo-")
+    tempfile.tempdir = os.environ["TMPDIR"] = scratch
+    try:
+        main()
+        net_run_demo()
+        http_rule_demo()
+        workspace_demo()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"\n(the demo removed everything it created, in {scratch})")

@@ -20,174 +20,69 @@ def _say(text: str) -> None:
     """A line on stderr for a person. Messages quote what a sandbox chose (paths, hosts,
     argv), so control characters and escape sequences are shown escaped, never sent."""
     from netpolicy.text import printable
-    print(f"sandlock: {printable(text)}", file=sys.stderr)
+    lines = text.split("\n")
+    prefix = lines[0].split(": ", 1)[0] + ": " if lines[0].startswith(("error: ",
+                                                                      "warning: ")) else ""
+    for i, line in enumerate(lines):
+        lead = prefix if i and prefix and not line.startswith(prefix) else ""
+        print(f"sandlock: {lead}{printable(line)}", file=sys.stderr)
 
 
-def _add_run_policy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", metavar="FILE.yaml",
-                   help="a YAML policy (version 1); the flags below add to it")
-    p.add_argument("-r", "--fs-read", action="append", default=[], metavar="PATH",
-                   help="grant read (and execute) access beneath PATH")
-    p.add_argument("-w", "--fs-write", action="append", default=[], metavar="PATH",
-                   help="grant read/write access beneath PATH")
-    p.add_argument("--fs-deny", action="append", default=[], metavar="PATH",
-                   help="keep PATH inaccessible even beneath a granted directory")
-    p.add_argument("--no-system", action="store_true",
-                   help="do not grant the default read-only system directories "
-                        "(/usr /bin /lib /etc /opt /proc ...) and standard devices")
-    p.add_argument("--strict", action="store_true",
-                   help="system directories only: do not grant the command's own "
-                        "toolchain (pyenv, nvm, uv, ~/.local/bin ...) and ~/.gitconfig")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="print every path granted beyond the flags, and why, and what of "
-                        "the user's files is protected")
-    p.add_argument("--net-allow", "--allow", action="append", default=[], metavar="SPEC",
-                   help="allow a destination: ':443', 'api.example.com:443', "
-                        "'*.example.com', '10.0.0.0/8:5432', 'udp://1.1.1.1:53'")
-    p.add_argument("--net-deny", "--deny", action="append", default=[], metavar="SPEC",
-                   help="deny an address or CIDR even if an allow rule matches")
-    p.add_argument("--net-allow-unix", action="append", default=[], metavar="PATH",
-                   help="allow connecting to unix sockets beneath PATH ('*' for any)")
-    p.add_argument("--net-allow-private", action="store_true",
-                   help="let host rules reach private/loopback addresses they resolve to")
-    p.add_argument("--dns-server", action="append", default=[], metavar="ADDR[:PORT]",
-                   help="resolver for host rules (default: the system's)")
-    p.add_argument("--http-allow", action="append", default=[], metavar="RULE",
-                   help="allow HTTP requests: 'GET api.github.com/repos/*' (with a rule, "
-                        "connects to HTTP ports go through the HTTP filter)")
-    p.add_argument("--http-deny", action="append", default=[], metavar="RULE",
-                   help="deny HTTP requests matching RULE (checked first)")
-    p.add_argument("--http-port", action="append", default=[], type=int, metavar="PORT",
-                   help="TCP ports the HTTP filter sees (default 80 and 443)")
-    p.add_argument("--http-raw", action="append", default=[], metavar="SPEC",
-                   help="relay TCP to this endpoint unfiltered although HTTP rules name its "
-                        "host (e.g. 'db.internal:5432'); listed by `policy check`")
-    p.add_argument("--http-upgrade", action="append", default=[], metavar="PROTOCOL",
-                   help="allow a protocol switch through the HTTP filter: websocket, h2c, h2 "
-                        "(prior knowledge) or connect; what follows is not inspected")
-    p.add_argument("--http-ca", metavar="PEM",
-                   help="intercept HTTPS with this CA (certificate, and key unless --http-key)")
-    p.add_argument("--http-key", metavar="PEM", help="the private key of --http-ca")
-    p.add_argument("--http-inject-ca", action="store_true",
-                   help="intercept HTTPS (with the default CA unless --http-ca) and make "
-                        "the sandbox trust it: SSL_CERT_FILE, CURL_CA_BUNDLE, ...")
-    p.add_argument("--http-ca-out", metavar="FILE", help="write the CA certificate here")
-    p.add_argument("--http-upstream-ca", metavar="PEM",
-                   help="verify upstream HTTPS servers against this bundle (default: system)")
-    p.add_argument("--audit", metavar="FILE", help="append JSON Lines audit records here")
-    p.add_argument("--audit-allowed", action="store_true",
-                   help="record allowed network events too")
-    p.add_argument("--net-allow-bind", action="append", default=[], metavar="PORTS",
-                   help="allow TCP bind on PORTS ('8080', '8000-8010', '0' for ephemeral)")
-    p.add_argument("--extra-deny-syscall", action="append", default=[], metavar="NAME",
-                   help="deny another syscall (or group) with EPERM")
-    p.add_argument("--extra-allow-syscall", action="append", default=[], metavar="GROUP",
-                   help="allow a group denied by default (sysv_ipc, process_group)")
-    p.add_argument("--keep-cap", action="append", default=[], metavar="CAP",
-                   help="when started as root, keep this capability (default: none)")
-    p.add_argument("-t", "--timeout", type=float, metavar="SECONDS",
-                   help="kill the whole sandbox after SECONDS (exit status 124)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V",
-                   help="set an environment variable")
-    p.add_argument("--clean-env", action="store_true",
-                   help="start from a minimal environment (PATH HOME TERM LANG ...)")
-    p.add_argument("--cwd", metavar="DIR", help="working directory of the program")
-    p.add_argument("--workspace-backend", choices=("auto", "overlay", "seccomp"),
-                   help="how --workdir is kept private: overlay (kernel overlayfs in a "
-                        "namespace of its own), seccomp (the supervisor), auto (default)")
-    p.add_argument("--workdir", metavar="DIR",
-                   help="copy-on-write workspace: the program's writes under DIR go to a "
-                        "private layer, applied or discarded when it ends")
-    p.add_argument("--fs-storage", metavar="DIR",
-                   help="where the workspace's layer lives (default ~/.cache/sandlock/cow)")
-    p.add_argument("--max-disk", metavar="SIZE", help="cap on the layer's size (e.g. 512M)")
-    p.add_argument("--on-exit", choices=("commit", "abort", "keep"),
-                   help="workspace outcome when the program exits 0 (default commit)")
-    p.add_argument("--on-error", choices=("commit", "abort", "keep"),
-                   help="workspace outcome otherwise (default abort)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="with --workdir: print what the program changed, then discard it")
-    p.add_argument("--no-coredump", action="store_true", help="no core dumps")
-    p.add_argument("--name", help="a name for the sandbox (in errors and logs)")
-    p.add_argument("--allow-degraded", action="store_true",
-                   help="run even if the kernel lacks features; lists what is lost")
+# Sandbox fields -> the flag a user types for them (errors name what the user wrote).
+FIELD_FLAGS = {
+    "fs_readable": "-r/--fs-read", "fs_writable": "-w/--fs-write", "fs_denied": "--fs-deny",
+    "net_allow": "--allow", "net_deny": "--deny", "net_allow_bind": "--net-allow-bind",
+    "net_allow_unix": "--net-allow-unix", "dns_servers": "--dns-server",
+    "http_allow": "--http-allow", "http_deny": "--http-deny", "http_ports": "--http-port",
+    "http_upgrades": "--http-upgrade", "http_raw": "--http-raw", "http_ca": "--http-ca",
+    "http_key": "--http-key", "http_ca_out": "--http-ca-out",
+    "http_upstream_ca": "--http-upstream-ca", "audit_log": "--audit",
+    "extra_deny_syscalls": "--extra-deny-syscall",
+    "extra_allow_syscalls": "--extra-allow-syscall", "keep_capabilities": "--keep-cap",
+    "cwd": "--cwd", "workdir": "--workdir", "fs_storage": "--fs-storage",
+    "max_disk": "--max-disk", "on_exit": "--on-exit", "on_error": "--on-error",
+    "workspace_backend": "--workspace-backend", "env": "--env", "name": "--name",
+    "net_allow/net_deny": "--allow/--deny",
+}
 
 
-def _parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The CLI parser; with `only`, just that subcommand (argparse set-up is a noticeable
-    part of every start, and a run needs only its own options)."""
-    parser = argparse.ArgumentParser(
-        prog="sandlock", description="Run commands in a lightweight unprivileged sandbox.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    wanted = (lambda name: only is None or only == name)
-    if wanted("run"):
-        run = sub.add_parser("run", help="run a command in a sandbox",
-                             usage="sandlock run [options] -- COMMAND [ARG...]")
-        _add_run_policy_args(run)
-        run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
-    if wanted("net-run"):
-        _add_net_run(sub)
-    if wanted("pipe"):
-        _add_pipe(sub)
-    if wanted("policy"):
-        pol = sub.add_parser("policy", help="policy files")
-        pol_sub = pol.add_subparsers(dest="policy_command", required=True)
-        pol_check = pol_sub.add_parser("check", help="validate a policy and print its rules")
-        pol_check.add_argument("file")
-    if wanted("audit"):
-        audit = sub.add_parser("audit", help="summarise an audit log")
-        audit.add_argument("file")
-        audit.add_argument("--top", type=int, default=10,
-                           help="how many entries each summary table shows")
-        audit.add_argument("--summary", action="store_true",
-                           help="only the totals, not one line per denial")
-    if wanted("workspace"):
-        ws = sub.add_parser("workspace", help="a copy-on-write layer left by --on-exit keep "
-                                              "(or by a crash during a commit)")
-        ws.add_argument("action", choices=("diff", "commit", "abort"),
-                        help="diff: list its changes; commit: apply them to the workdir "
-                             "(finishes an interrupted commit); abort: discard the layer")
-        ws.add_argument("layer", help="the layer directory (printed when it was kept)")
-    if wanted("certs"):
-        certs = sub.add_parser(
-            "certs", help="the local CA used to intercept HTTPS",
-            description="init: create the CA in the certificate store (once); path: print "
-                        "the CA certificate's path; export: print the CA certificate (PEM). "
-                        "The store is $SANDLOCK_CERTS_DIR, else ~/.local/share/sandlock/certs; "
-                        "its private key is never readable inside a sandbox.")
-        certs.add_argument("action", choices=("init", "path", "export"))
-    if wanted("check"):
-        check = sub.add_parser("check", help="report what this kernel supports")
-        check.add_argument("--allow-degraded", action="store_true",
-                           help="succeed when Landlock is present even if features are missing")
-    return parser
+def _check_flag_paths(a) -> None:
+    """Paths given as flags must exist: one line naming the flag and the path as typed."""
+    from .errors import PolicyError
+    problems = []
+    for field, values in (("fs_readable", a.fs_read), ("fs_writable", a.fs_write),
+                          ("cwd", [a.cwd] if a.cwd else []),
+                          ("workdir", [a.workdir] if a.workdir else []),
+                          ("http_ca", [a.http_ca] if a.http_ca else []),
+                          ("http_key", [a.http_key] if a.http_key else []),
+                          ("http_upstream_ca", [a.http_upstream_ca] if a.http_upstream_ca
+                           else [])):
+        for v in values:
+            if not os.path.lexists(os.path.expanduser(v)):
+                problems.append(f"{FIELD_FLAGS[field]} {v}: does not exist")
+    for v in a.fs_deny:
+        if not os.path.lexists(os.path.expanduser(v)):
+            problems.append(f"--fs-deny {v}: does not exist, so there is nothing to deny; "
+                            f"check the spelling, or drop the flag (a path no grant covers "
+                            f"is unreachable anyway)")
+    if problems:
+        raise PolicyError("\n".join(problems))
 
 
-def _add_net_run(sub) -> None:
-    net = sub.add_parser(
-        "net-run", help="run an agent tool under a network policy",
-        usage="sandlock net-run [--policy F] [--allow SPEC] [--deny SPEC] [--audit FILE] "
-              "[options] -- COMMAND [ARG...]",
-        description="System directories read-only, the working directory writable, "
-                    "credentials (~/.ssh, ~/.aws, ~/.config/gcloud, ~/.netrc, ...) denied, "
-                    "network as the policy says, every denial in the audit log.")
-    _add_run_policy_args(net)
-    net.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
-
-
-def _add_pipe(sub) -> None:
-    pipe = sub.add_parser(
-        "pipe", help="run a pipeline whose stages have their own policies",
-        usage="sandlock pipe [-t SECONDS] [stage options] -- CMD... ::: [stage options] -- CMD...",
-        description="Stages are separated by ':::'; each takes the options of `sandlock run` "
-                    "(its own --policy, -r, -w, --net-allow ...). Stage N's stdout feeds stage "
-                    "N+1's stdin through a kernel pipe. -t/--timeout (first stage's) bounds the "
-                    "whole pipeline. Exit status: the last stage's.")
-    pipe.add_argument("stages", nargs=argparse.REMAINDER)
+def flag_named(message: str, a, file_fields: dict) -> str:
+    """A policy error about a field the flags set (and no policy file did), told with the
+    flag's name."""
+    field, sep, rest = message.partition(":")
+    head = field.split(" ", 1)[0]
+    flag = FIELD_FLAGS.get(head)
+    if flag is None or any(f in file_fields for f in head.split("/")):
+        return message
+    return flag + field[len(head):] + sep + rest
 
 
 def _flag_fields(a) -> dict:
     from .errors import PolicyError
+    _check_flag_paths(a)
     env = {}
     for item in a.env:
         k, sep, v = item.partition("=")
@@ -250,7 +145,11 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
         if not (a.audit or fields.get("audit_log")):
             fields = merge_fields(fields, {"audit_log": _default_audit_path()})
     merged = merge_fields(merge_fields(base, fields), _flag_fields(a))
-    sb = Sandbox(**merged)
+    from .errors import PolicyError
+    try:
+        sb = Sandbox(**merged)
+    except PolicyError as e:
+        raise PolicyError(flag_named(str(e), a, fields)) from None
     if getattr(a, "verbose", False):
         for note in notes:
             _say(note)
@@ -328,6 +227,8 @@ def _run(a, net_run: bool = False) -> int:
         sb, timeout = _sandbox_from_args(a, net_run, cmd)
         for lost in sb.degradations:
             _say(f"warning: degraded: {lost}")
+        for note in sb.notices:
+            _say(f"note: {note}")
         proc = sb.popen(cmd, StdioMode.INHERIT, StdioMode.INHERIT, StdioMode.INHERIT)
     except CommandNotFound as e:
         _say(f"{e}")
@@ -391,7 +292,10 @@ def _net_run_summary(sb) -> None:
 def _pipe(tokens: list[str]) -> int:
     from .errors import SandlockError
     from .pipeline import Pipeline
-    parser = _parser("run")
+    from .cli_parser import build
+    parser = build("run")
+    pipefail = tokens[:1] == ["--pipefail"]
+    tokens = tokens[1:] if pipefail else tokens
     segments, current = [], []
     for token in tokens:
         if token == ":::":
@@ -422,152 +326,31 @@ def _pipe(tokens: list[str]) -> int:
             _say(f"stage {i + 1}: {r.error}")
     if result.reason.name == "TIMEOUT":
         return EXIT_TIMEOUT
-    return result.exit_code if result.signal < 0 else 128 + result.signal
-
-
-def _policy_check(a) -> int:
-    from .errors import SandlockError
-    from .policy_file import load_policy, merge_fields, system_fields
-    from .sandbox import Sandbox
-    try:
-        loaded = load_policy(a.file)
-        sb = Sandbox(**merge_fields(system_fields() if loaded.system else {}, loaded.fields))
-    except SandlockError as e:
-        _say(f"error: {e}")
-        return EXIT_SANDLOCK
-    p = sb.policy
-    print(f"{a.file}: valid (version 1){' — ' + loaded.name if loaded.name else ''}")
-    rows = [("read", p.fs_readable), ("write", p.fs_writable), ("deny", p.fs_denied),
-            ("net allow", [r.spec for r in p.endpoints.allow] or ["(none: no network)"]),
-            ("net deny", [r.spec for r in p.endpoints.deny]),
-            ("tcp bind", sorted(p.tcp_bind.ports) if not p.tcp_bind.any_port else ["*"]),
-            ("unix sockets", p.unix_allow), ("dns servers", p.dns_servers or
-                                             (["(system)"] if p.endpoints.hostnames else [])),
-            ("http allow", [r.spec for r in p.http.allow] if p.http else []),
-            ("http deny", [r.spec for r in p.http.deny] if p.http else []),
-            ("http ports", sorted(p.http_ports)),
-            ("audit log", [p.audit_log] if p.audit_log else [])]
-    if p.workspace is not None:
-        ws = p.workspace
-        rows.append(("workdir", [f"{ws.workdir} (copy-on-write: a private layer in "
-                                 f"{ws.storage}"
-                                 + (f", at most {ws.max_disk} bytes" if ws.max_disk else "")
-                                 + ")"]))
-        rows.append(("outcome", [f"exit 0: {loaded.fields.get('on_exit', 'commit')}; "
-                                 f"otherwise: {loaded.fields.get('on_error', 'abort')}"]))
-    for label, values in rows:
-        if values:
-            print(f"  {label:13} " + "\n  {:13} ".format("").join(str(v) for v in values))
-    enforcement = ("Landlock only (port rules)" if not p.net_supervised
-                   else "supervisor decides destinations; Landlock bounds TCP ports")
-    print(f"  {'network':13} {enforcement}")
-    if p.endpoints.hostnames and not p.endpoints.allow_private:
-        print(f"  {'ssrf':13} host rules never reach private/loopback/metadata addresses")
-    if loaded.timeout:
-        print(f"  {'timeout':13} {loaded.timeout:g}s")
-    from .policy_report import http_report
-    report = http_report(p)
-    for note in report.notes:
-        print(f"  {'note':13} {note}")
-    for error in report.errors:
-        print(f"  {'error':13} {error}")
-    return EXIT_SANDLOCK if report.errors else 0
-
-
-def _audit(a) -> int:
-    from netpolicy.audit import summarize
-    try:
-        print(summarize(a.file, a.top, lines=not a.summary))
-    except OSError as e:
-        _say(f"error: {a.file}: {e.strerror}")
-        return EXIT_SANDLOCK
-    return 0
-
-
-def _check(a) -> int:
-    from .features import FULL_LANDLOCK_ABI, degradations, detect
-    f = detect()
-    print(f"kernel {os.uname().release}")
-    for name, present, purpose in f.report():
-        print(f"  [{'ok' if present else '--'}] {name:28} {purpose}")
-    lost = degradations(f)
-    if not lost:
-        print("all protections available")
-        return 0
-    for item in lost:
-        print(f"missing: {item}")
-    if a.allow_degraded and f.landlock_abi >= 1:
-        print("usable with --allow-degraded (the protections above are lost)")
-        return 0
-    print(f"sandlock needs Landlock ABI {FULL_LANDLOCK_ABI} (Linux 6.12+), seccomp user "
-          f"notification, pidfd_getfd and fchmodat2; run with --allow-degraded to accept less")
-    return 1
+    statuses = [r.exit_code if r.signal < 0 else 128 + r.signal for r in result.stages]
+    if pipefail:  # bash's `set -o pipefail`: the last stage that failed
+        return next((code for code in reversed(statuses) if code != 0), 0)
+    return statuses[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pipe"] and not set(argv[1:2]) & {"-h", "--help"}:
         return _pipe(argv[1:])  # stages carry `run` options, parsed stage by stage
+    from .cli_parser import build
     first = argv[0] if argv else None
-    known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace")
-    args = _parser(first if first in known else None).parse_args(argv)
+    known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace",
+             "completion")
+    parser = build(first if first in known else None)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # told under the usage of the subcommand in use, with the closest option
+        sub = parser.subcommands.get(getattr(args, "command", None), parser)
+        sub.error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command in ("run", "net-run"):
         return _run(args, net_run=args.command == "net-run")
-    if args.command == "policy":
-        return _policy_check(args)
-    if args.command == "audit":
-        return _audit(args)
-    if args.command == "certs":
-        return _certs(args)
-    if args.command == "workspace":
-        return _workspace(args)
-    return _check(args)
-
-
-def _workspace(a) -> int:
-    from . import cow
-    try:
-        layer = cow.open_layer(a.layer)
-        if a.action == "diff":
-            if cow.interrupted(a.layer):
-                _say("a commit of this layer was interrupted; `sandlock workspace "
-                      "commit` finishes it")
-            print(cow.table(cow.diff(layer)))
-        elif a.action == "commit":
-            changes = cow.diff(layer) if not cow.interrupted(a.layer) else None
-            cow.commit(layer, changes)
-            _say(f"committed to {layer.lower}")
-        else:
-            layer.discard()
-            _say(f"discarded {a.layer}")
-    except (OSError, ValueError) as e:
-        _say(f"error: {a.layer}: {e}")
-        return EXIT_SANDLOCK
-    return 0
-
-
-def _certs(a) -> int:
-    from netpolicy.tls_intercept import BASENAME, default_certs_dir, open_store
-    directory = default_certs_dir()
-    cert = directory / f"{BASENAME}-ca-cert.pem"
-    if a.action == "init" or not cert.exists():
-        if a.action != "init":
-            _say(f"error: no CA in {directory}; run `sandlock certs init`")
-            return EXIT_SANDLOCK
-        existed = cert.exists()
-        try:
-            open_store(directory)
-        except OSError as e:
-            _say(f"error: {directory}: {e.strerror}")
-            return EXIT_SANDLOCK
-        print(f"{'existing' if existed else 'created'} CA: {cert} "
-              f"(private key: {directory / (BASENAME + '-ca.pem')}, mode 0600)")
-        return 0
-    if a.action == "path":
-        print(cert)
-    else:
-        sys.stdout.write(cert.read_text())
-    return 0
+    from . import cli_tools
+    return {"policy": cli_tools.policy_check, "audit": cli_tools.audit,
+            "certs": cli_tools.certs, "workspace": cli_tools.workspace,
+            "completion": cli_tools.completion, "check": cli_tools.check}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,13 @@ class Confinement:
     protect_fd: int = -1
     guard: str = ""
     write_roots: frozenset = frozenset()  # (dev, ino) of path rules with every write right
+    # The trampoline passes its listener over the status socket (SCM_RIGHTS) instead of
+    # the parent taking it with pidfd_getfd: whenever the filter leaves sendmsg alone.
+    send_listener: bool = False
+    # The supervisor decides destinations (policy.net_supervised, where it can act on
+    # sockets); False where pidfd_getfd is refused: unix sockets are then refused instead.
+    net_supervised: bool = False
+    notices: tuple[str, ...] = ()  # what this system does differently, said to the user
     _policy: Policy | None = None
     _abi: int = 0
 
@@ -78,6 +85,25 @@ class Confinement:
 def _plan(policy: Policy) -> dict[str, int]:
     return fs_rules.plan_path_rules(policy.fs_readable, policy.fs_writable,
                                     policy.fs_denied, policy.write_excluded)
+
+
+def _needs_socket_access(policy: Policy) -> str:
+    """What in this policy needs the supervisor to act on the sandbox's sockets ("" if
+    nothing): everything but Landlock's TCP port rules and a default-deny of unix sockets."""
+    needs = []
+    if not policy.tcp_by_landlock:
+        needs.append("network rules naming hosts or addresses, or HTTP rules")
+    explicit_udp = any(r.spec.startswith("udp://") for r in policy.endpoints.allow)
+    if policy.icmp or explicit_udp or policy.endpoints.hostnames:
+        needs.append("UDP, ICMP or host-name (DNS) rules")
+    if policy.unix_allow:
+        needs.append("unix socket grants (net_allow_unix)")
+    if "network" in policy.runtime_events:
+        needs.append("policy_fn network events")
+    bind = policy.tcp_bind
+    if not bind.any_port and bind.ports - {0}:
+        needs.append("TCP bind rules for specific ports (a listen() must be checked)")
+    return "; ".join(needs)
 
 
 def _write_roots(rules: dict[str, int], abi: int) -> frozenset:
@@ -157,6 +183,23 @@ def build(policy: Policy) -> Confinement:
     if policy.policy_fn is not None and not supervised:
         raise PolicyError("policy_fn needs the supervisor, which this kernel cannot run "
                           "(see `sandlock check`)")
+    net_supervised, unix_pairs_only, listen = policy.net_supervised, False, "notify"
+    notices: list[str] = []
+    tcp_bind = policy.tcp_bind
+    if tcp_bind.any_port or 0 in tcp_bind.ports:
+        listen = "allow"  # an ephemeral port is allowed anyway: nothing to check
+    if supervised and not kf.pidfd_getfd:
+        needs = _needs_socket_access(policy)
+        if needs:
+            raise PolicyError(f"this policy has {needs}: they need the supervisor to act on "
+                              f"the sandbox's sockets (pidfd_getfd), which this system refuses; "
+                              f"{features.SOCKETS_HOW} (see `sandlock check`)")
+        net_supervised, unix_pairs_only = False, True
+        if policy.udp:
+            notices.append("UDP to the ports the rules name is refused here (the supervisor "
+                           "cannot act on sockets without pidfd_getfd); TCP is allowed")
+        if listen == "notify":
+            listen = "deny"  # no port may be bound: a listen() could only bind one
     guard, protect_fd, write_roots = "", -1, frozenset()
     plan = policy.protection
     if plan is not None:
@@ -173,14 +216,16 @@ def build(policy: Policy) -> Confinement:
             protect_fd = _sealed_memfd("sandlock-protect", listing)
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised,
                                         deny_inet=kf.landlock_abi < 4,
-                                        net_supervised=policy.net_supervised,
-                                        udp=policy.udp, icmp=policy.icmp,
+                                        net_supervised=net_supervised,
+                                        udp=policy.udp and net_supervised,
+                                        icmp=policy.icmp and net_supervised,
                                         runtime_events=policy.runtime_events,
                                         cow=policy.workspace is not None
                                         and policy.workspace.backend == "seccomp",
                                         overlay=policy.workspace is not None
                                         and policy.workspace.backend == "overlay",
-                                        guard=guard)
+                                        guard=guard, unix_pairs_only=unix_pairs_only,
+                                        listen=listen)
     workspace = policy.workspace is not None
     overlay = workspace and policy.workspace.backend == "overlay"
     return Confinement(
@@ -196,5 +241,7 @@ def build(policy: Policy) -> Confinement:
         overlay_rights=(landlock.fs_rights_for_abi(kf.landlock_abi) & fs_rules.WRITE_RIGHTS
                         if overlay else 0),
         protect_fd=protect_fd, guard=guard, write_roots=write_roots,
+        send_listener=not net_supervised, net_supervised=net_supervised,
+        notices=tuple(notices),
         _policy=policy if workspace else None, _abi=kf.landlock_abi,
     )

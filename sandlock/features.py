@@ -40,9 +40,9 @@ class KernelFeatures:
             ("landlock ABI >= 5", abi >= 5, "device ioctl restriction (Linux 6.10)"),
             ("landlock ABI >= 6", abi >= 6, "signal and abstract-unix-socket scopes (Linux 6.12)"),
             ("seccomp user notification", self.seccomp_user_notif, "the supervisor"),
-            ("pidfd_getfd", self.pidfd_getfd, "on-behalf operations on the child's fds"),
+            ("pidfd_getfd", self.pidfd_getfd, "on-behalf operations on the child's sockets"),
             ("SECCOMP_IOCTL_NOTIF_ADDFD", self.notif_addfd, "injecting fds into the child"),
-            ("fchmodat2", self.fchmodat2, "metadata changes on behalf (Linux 6.6)"),
+            ("fchmodat2", self.fchmodat2, "chmod on behalf without /proc (Linux 6.6)"),
         ]
 
     def missing(self) -> list[str]:
@@ -64,12 +64,25 @@ def _probe_pidfd_getfd() -> bool:
 
 
 def _probe_fchmodat2() -> bool:
-    # An invalid flag: EINVAL means the syscall exists, ENOSYS that it does not.
+    # An invalid flag: EINVAL means the syscall exists, ENOSYS that it does not, EPERM
+    # that a seccomp profile refuses it (a container's, which does not know it yet).
     try:
         syscall(NR_FCHMODAT2, -1, b"", 0, 0x80000000 | AT_EMPTY_PATH)
     except OSError as e:
-        return e.errno != errno.ENOSYS
+        return e.errno not in (errno.ENOSYS, errno.EPERM)
     return True
+
+
+def seccomp_filtered() -> bool:
+    """Whether this process already runs under a seccomp filter (a container's profile)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Seccomp:"):
+                    return line.split()[1] == "2"
+    except OSError:
+        pass
+    return False
 
 
 @functools.lru_cache(maxsize=1)
@@ -83,9 +96,9 @@ def detect() -> KernelFeatures:
         landlock_abi=abi,
         seccomp_user_notif=notif,
         pidfd_getfd=_probe_pidfd_getfd(),
-        # ADDFD (5.9) predates fchmodat2 (6.6) and pidfd_getfd (5.6) is older still; a kernel
-        # with user notification and fchmodat2 has ADDFD.
-        notif_addfd=notif and _probe_fchmodat2(),
+        # ADDFD (5.9) predates Landlock (5.13) and fchmodat2 (6.6): a kernel with user
+        # notification and either has it (an ioctl, which no container profile refuses).
+        notif_addfd=notif and (abi >= 1 or _probe_fchmodat2()),
         fchmodat2=_probe_fchmodat2(),
     )
 
@@ -106,10 +119,34 @@ def degradations(f: KernelFeatures) -> list[str]:
         if abi < 6:
             lost.append(f"Landlock ABI {abi}: signals and abstract unix sockets can reach "
                         f"processes outside the sandbox")
-    if not (f.seccomp_user_notif and f.pidfd_getfd and f.fchmodat2):
+    if not supervisor_available(f):
         lost.append("no supervisor: chmod/chown/utimes/xattr changes are denied everywhere, "
                     "and connects to pathname unix sockets are not checked")
     return lost
+
+
+SOCKETS_REFUSED = (
+    "network rules naming hosts, addresses, UDP or ICMP, HTTP rules, unix-socket rules, "
+    "TCP bind rules for specific ports and policy_fn network events are refused")
+SOCKETS_HOW = ("in a container, give it CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE) or a "
+               "seccomp profile that allows pidfd_getfd")
+
+
+def costs(f: KernelFeatures) -> list[tuple[str, str]]:
+    """("refused" or "note", text): what this system refuses to run (features that need
+    what it lacks) and what it does otherwise, without any protection being lost: `sandlock
+    check` lists them, and policies needing a refused feature fail before anything runs."""
+    out = []
+    if supervisor_available(f) and not f.pidfd_getfd:
+        out.append(("refused", f"pidfd_getfd is refused here{' (a seccomp profile)' if seccomp_filtered() else ''}: "
+                   f"the supervisor cannot act on the sandbox's sockets, so {SOCKETS_REFUSED}; "
+                   f"filesystem policies, Landlock port rules (--allow :PORT), workspaces "
+                   f"and the protection of the user's files run; unix sockets other than "
+                   f"connected pairs are refused. To lift it: {SOCKETS_HOW}"))
+    if supervisor_available(f) and not f.fchmodat2:
+        out.append(("note", "fchmodat2 is missing or refused: chmod on the sandbox's behalf "
+                            "goes through /proc/self/fd (no protection lost)"))
+    return out
 
 
 def check(allow_degraded: bool) -> list[str]:
@@ -127,4 +164,4 @@ def check(allow_degraded: bool) -> list[str]:
 
 
 def supervisor_available(f: KernelFeatures) -> bool:
-    return f.seccomp_user_notif and f.pidfd_getfd and f.fchmodat2
+    return f.seccomp_user_notif and f.notif_addfd

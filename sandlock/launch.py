@@ -15,6 +15,7 @@ import errno
 import os
 import select
 import signal
+import socket
 import struct
 
 from . import libexec
@@ -46,19 +47,27 @@ class Spawned:
         self.exec_error = exec_error
 
 
-def _read_record(fd: int, timeout: float) -> tuple[int, int] | None:
-    """One (step, value) record, or None at EOF. Raises TimeoutError past `timeout`."""
+def _read_record(sock: socket.socket, timeout: float, fds: list | None = None):
+    """One (step, value) record, or None at EOF (one message each: SOCK_SEQPACKET); an fd
+    it carries (SCM_RIGHTS) is appended to `fds`, any other closed. Raises TimeoutError
+    past `timeout`."""
     poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    buf = b""
-    while len(buf) < _RECORD.size:
-        if not poller.poll(int(timeout * 1000)):
-            raise TimeoutError
-        chunk = os.read(fd, _RECORD.size - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return _RECORD.unpack(buf)
+    poller.register(sock.fileno(), select.POLLIN)
+    if not poller.poll(int(timeout * 1000)):
+        raise TimeoutError
+    data, ancdata, _, _ = sock.recvmsg(_RECORD.size, socket.CMSG_SPACE(4))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            for (fd,) in struct.iter_unpack("i", payload[:len(payload) // 4 * 4]):
+                if fds is not None:
+                    fds.append(fd)
+                else:
+                    os.close(fd)
+    if not data:
+        return None
+    if len(data) != _RECORD.size:
+        raise SandboxError("the sandbox's setup channel sent a malformed record")
+    return _RECORD.unpack(data)
 
 
 def _file_actions(placements: list[tuple[int, int]]) -> list[tuple]:
@@ -80,7 +89,8 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
     """`overlay`: (lower, upper, work) of an overlay-backend workspace, or None."""
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
-             | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0))
+             | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0)
+             | (16 if conf.send_listener else 0))
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0", str(flags), rlimits,
@@ -116,7 +126,9 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
 
 
 def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawned:
-    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    status, child_status = socket.socketpair(socket.AF_UNIX,
+                                             socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    status_w = child_status.detach()
     ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
     ruleset_fd = ruleset.fd if ruleset is not None else conf.bpf_fd
     placements = [(fd, i) for i, fd in enumerate(stdio) if fd >= 0]
@@ -131,22 +143,30 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
             setsigmask=())
     except OSError as e:
-        for fd in (status_r, status_w, ack_r, ack_w):
+        for fd in (status_w, ack_r, ack_w):
             os.close(fd)
+        status.close()
         raise SandboxError(f"starting the sandbox failed: posix_spawn: {e.strerror}") from None
     os.close(status_w)
     os.close(ack_r)
     pidfd = -1
+    passed: list[int] = []
     try:
         pidfd = pidfd_open(pid)
-        rec = _read_record(status_r, SETUP_TIMEOUT)
+        rec = _read_record(status, SETUP_TIMEOUT, passed)
         if rec is None or rec[0] != _STEP["listener"]:
             raise _setup_error(rec)
-        attach(pidfd_getfd(pidfd, rec[1]), pid)
+        if conf.send_listener:
+            if len(passed) != 1:
+                raise SandboxError("the sandbox did not pass its seccomp listener")
+            listener = passed.pop()
+        else:
+            listener = pidfd_getfd(pidfd, rec[1])
+        attach(listener, pid)
         os.write(ack_w, b"\x01")
         os.close(ack_w)
         ack_w = -1
-        rec = _read_record(status_r, SETUP_TIMEOUT)
+        rec = _read_record(status, SETUP_TIMEOUT)
         exec_error = None
         if rec is not None:
             if rec[0] != _STEP["execve"]:
@@ -165,7 +185,9 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
                                f"{e.strerror}") from None
         raise
     finally:
-        os.close(status_r)
+        for fd in passed:
+            os.close(fd)
+        status.close()
         if ack_w >= 0:
             os.close(ack_w)
 

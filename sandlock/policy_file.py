@@ -139,6 +139,8 @@ def _path(value: str) -> str:
 
 
 def load_policy(path: str) -> LoadedPolicy:
+    """Read and check a policy file. Every error in it is reported at once, one line each
+    (file:line: key: problem), as a PolicyError whose message holds them all."""
     import yaml
     try:
         with open(path, encoding="utf-8") as f:
@@ -154,52 +156,94 @@ def load_policy(path: str) -> LoadedPolicy:
     if not isinstance(root, yaml.MappingNode):
         raise PolicyError(f"{path}: a policy is a mapping with 'version: 1' at the top")
     out = LoadedPolicy(path)
+    errors: list[str] = []
     seen = {}
     for knode, vnode in root.value:
-        key = _scalar(knode, STR, path, "key")
-        if key in seen:
-            raise PolicyError(f"{_where(path, knode, key)}: duplicate key")
-        seen[key] = vnode
-        if key not in SCHEMA:
-            raise PolicyError(f"{_where(path, knode, key)}: unknown key (expected one of "
-                              f"{', '.join(SCHEMA)})")
-        spec = SCHEMA[key]
-        if not isinstance(spec, dict):
-            value = _scalar(vnode, spec, path, key)
-            if key == "version" and value != 1:
-                raise PolicyError(f"{_where(path, vnode, key)}: unsupported version {value} "
-                                  f"(this sandlock reads version 1)")
-            if key == "name":
-                out.name = value
-                out.fields["name"] = value
-            continue
-        if not isinstance(vnode, yaml.MappingNode):
-            raise PolicyError(f"{_where(path, vnode, key)}: expected a mapping")
-        for sk_node, sv_node in vnode.value:
-            sub = _scalar(sk_node, STR, path, f"{key}.?")
-            full = f"{key}.{sub}"
-            if sub not in spec:
-                raise PolicyError(f"{_where(path, sk_node, full)}: unknown key (expected one "
-                                  f"of {', '.join(key + '.' + s for s in spec)})")
-            kind, field = spec[sub]
-            value = _value(sv_node, kind, path, full)
-            if field in PATH_FIELDS:
-                value = [_path(v) if v != "*" else v for v in value] \
-                    if isinstance(value, list) else _path(value)
-            if full == "filesystem.system":
-                out.system = value
-            elif full == "process.timeout":
-                if value <= 0:
-                    raise PolicyError(f"{_where(path, sv_node, full)}: must be positive")
-                out.timeout = float(value)
-            else:
-                out.fields[field] = value
-            if field in ("net_allow", "net_deny"):
-                _check_endpoints(path, sv_node, full, value)
+        try:
+            _top_key(path, out, seen, knode, vnode, errors)
+        except PolicyError as e:
+            errors.append(str(e))
     if "version" not in seen:
-        raise PolicyError(f"{path}:1: missing 'version: 1'")
+        errors.append(f"{path}:1: missing 'version: 1'")
+    if errors:
+        raise PolicyError("\n".join(errors))
     out.fields.setdefault("protect_user_files", True)
     return out
+
+
+def _top_key(path, out, seen, knode, vnode, errors) -> None:
+    import yaml
+    key = _scalar(knode, STR, path, "key")
+    if key in seen:
+        raise PolicyError(f"{_where(path, knode, key)}: duplicate key")
+    seen[key] = vnode
+    if key not in SCHEMA:
+        raise PolicyError(f"{_where(path, knode, key)}: unknown key (expected one of "
+                          f"{', '.join(SCHEMA)})")
+    spec = SCHEMA[key]
+    if not isinstance(spec, dict):
+        value = _scalar(vnode, spec, path, key)
+        if key == "version" and value != 1:
+            raise PolicyError(f"{_where(path, vnode, key)}: unsupported version {value} "
+                              f"(this sandlock reads version 1)")
+        if key == "name":
+            out.name = value
+            out.fields["name"] = value
+        return
+    if not isinstance(vnode, yaml.MappingNode):
+        raise PolicyError(f"{_where(path, vnode, key)}: expected a mapping")
+    for sk_node, sv_node in vnode.value:
+        try:
+            _sub_key(path, out, key, spec, sk_node, sv_node)
+        except PolicyError as e:
+            errors.append(str(e))
+
+
+# Paths that must exist when the policy is loaded (a missing one is a mistake to report,
+# not a rule that silently applies to nothing).
+MUST_EXIST = {"fs_readable", "fs_writable", "fs_denied", "cwd", "workdir", "http_ca",
+              "http_key", "http_upstream_ca"}
+
+
+def _sub_key(path, out, key, spec, sk_node, sv_node) -> None:
+    import yaml
+    sub = _scalar(sk_node, STR, path, f"{key}.?")
+    full = f"{key}.{sub}"
+    if sub not in spec:
+        raise PolicyError(f"{_where(path, sk_node, full)}: unknown key (expected one "
+                          f"of {', '.join(key + '.' + s for s in spec)})")
+    kind, field = spec[sub]
+    value = _value(sv_node, kind, path, full)
+    if field in PATH_FIELDS:
+        value = [_path(v) if v != "*" else v for v in value] \
+            if isinstance(value, list) else _path(value)
+    if field in MUST_EXIST:
+        items = sv_node.value if isinstance(sv_node, yaml.SequenceNode) else [sv_node]
+        problems = [f"{_where(path, node, full)}: {v} does not exist"
+                    for node, v in zip(items, value if isinstance(value, list) else [value])
+                    if not os.path.lexists(v)]
+        if problems:
+            raise PolicyError("\n".join(problems))
+    if field in ("net_allow_bind", "http_ports"):
+        from .policy import parse_port_list
+        problems = []
+        for node, v in zip(sv_node.value, value):
+            try:
+                parse_port_list(str(v), full, str(v), allow_zero=field == "net_allow_bind")
+            except PolicyError as e:
+                problems.append(f"{_where(path, node, full)}: {str(e).split(': ', 1)[-1]}")
+        if problems:
+            raise PolicyError("\n".join(problems))
+    if full == "filesystem.system":
+        out.system = value
+    elif full == "process.timeout":
+        if value <= 0:
+            raise PolicyError(f"{_where(path, sv_node, full)}: must be positive")
+        out.timeout = float(value)
+    else:
+        out.fields[field] = value
+    if field in ("net_allow", "net_deny"):
+        _check_endpoints(path, sv_node, full, value)
 
 
 def _check_endpoints(path, node, key, specs) -> None:

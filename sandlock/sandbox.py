@@ -199,7 +199,8 @@ class Sandbox:
         """The supervisor's network state for this sandbox (resolved names, pins, audit),
         built once and shared by its runs; None when Landlock alone decides."""
         policy = self._policy
-        if not policy.net_supervised or not self._confinement().supervised:
+        conf = self._confinement()
+        if not policy.net_supervised or not conf.supervised or not conf.net_supervised:
             return None
         audit = self._audit_log()
         with _build_lock:
@@ -218,6 +219,12 @@ class Sandbox:
         """The AuditLog of this sandbox (None without audit_log)."""
         net = self._net_state()
         return net.audit if net is not None else self._audit_log()
+
+    @property
+    def notices(self) -> tuple[str, ...]:
+        """What this system does differently for this policy without losing protection
+        (e.g. UDP refused where the supervisor cannot act on sockets)."""
+        return self._confinement().notices
 
     @property
     def degradations(self) -> tuple[str, ...]:

@@ -266,7 +266,8 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
                    udp: bool = False, icmp: bool = False,
                    runtime_events: frozenset = frozenset(), cow: bool = False,
                    deny_unix: bool = False, deny_listen: bool = False,
-                   overlay: bool = False, guard: str = "") -> bytes:
+                   overlay: bool = False, guard: str = "", unix_pairs_only: bool = False,
+                   listen: str = "notify") -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -280,9 +281,14 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     pathname-socket connect or send can be checked), deny_listen refuses listen() (on an
     unbound socket it binds a port Landlock never sees). guard ("mounts" or "landlock")
     sends the calls the protection of the user's files needs (guard_wants).
+    unix_pairs_only (a supervisor that cannot act on sockets: no pidfd_getfd) refuses
+    AF_UNIX sockets but connected stream/seqpacket pairs (socketpair), so that no pathname
+    socket is ever reached unchecked. listen: "notify" (the supervisor checks the socket is
+    bound), "allow" (any port may be bound anyway) or "deny" (no port may be bound, and a
+    listen() would bind one).
     """
     key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow,
-           deny_unix, deny_listen, overlay, guard)
+           deny_unix, deny_listen, overlay, guard, unix_pairs_only, listen)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -291,7 +297,8 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
              udp: bool, icmp: bool, runtime_events: frozenset, cow: bool,
-             deny_unix: bool, deny_listen: bool, overlay: bool, guard: str) -> bytes:
+             deny_unix: bool, deny_listen: bool, overlay: bool, guard: str,
+             unix_pairs_only: bool, listen: str) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -374,12 +381,15 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     # process's fds (which the supervisor duplicates and checks) not the caller's.
     f.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_FILES | _CLONE_THREAD,
                                       _CLONE_THREAD))
-    if supervised:
+    if supervised and listen == "notify":
         f.add_rule(sc.NOTIFY, "listen")  # listen() on an unbound socket binds a port
-    elif deny_listen:
+    elif deny_listen or (supervised and listen == "deny"):
         f.add_rule(eperm, "listen")
     if deny_unix:
         f.add_rule(eperm, "socketpair")
+    elif unix_pairs_only:
+        # A datagram socket of a pair can still send to any pathname socket (sendto).
+        f.add_rule(eperm, "socketpair", sc.Arg(1, sc.MASKED_EQ, 0xF, socket.SOCK_DGRAM))
     if supervised and net_supervised:
         f.add_rule(sc.NOTIFY, "connect")
         f.add_rule(sc.NOTIFY, "sendto", sc.Arg(4, sc.NE, 0))  # NULL address: stays in kernel
@@ -390,7 +400,7 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
         for name, arg in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3)):
             f.add_rule(eperm, name, sc.Arg(arg, sc.MASKED_EQ, _MSG_FASTOPEN, _MSG_FASTOPEN))
     _add_socket_rules(f, sc, eperm, deny_inet, udp and supervised and net_supervised,
-                      icmp and supervised and net_supervised, deny_unix)
+                      icmp and supervised and net_supervised, deny_unix or unix_pairs_only)
     with tempfile.TemporaryFile() as tmp:
         f.export_bpf(tmp)
         tmp.seek(0)

@@ -29,7 +29,7 @@ def write(tmp_path, text, name="p.yaml"):
     ("version: 2\n", "p.yaml:1: version: unsupported version 2"),
     ("network: {allow: []}\n", "missing 'version: 1'"),
     ("version: 1\nprocess:\n  timeout: -1\n", "p.yaml:3: process.timeout: must be positive"),
-    ("version: 1\nfilesystem:\n  read: [/nonexistent/x]\n", "fs_readable: /nonexistent/x does not exist"),
+    ("version: 1\nfilesystem:\n  read: [/nonexistent/x]\n", ":3: filesystem.read: /nonexistent/x does not exist"),
     ("version: 1\n  bad: [\n", "not valid YAML"),
 ])
 def test_malformed_policy_is_refused_with_file_line_and_key(tmp_path, text, fragment):

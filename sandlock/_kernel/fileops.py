@@ -6,7 +6,9 @@ of these argument forms (a NULL path for utimensat) before reaching the kernel.
 """
 
 import ctypes
+import errno
 import os
+import stat
 
 from .syscall import NR_FCHMODAT2, syscall
 
@@ -33,10 +35,18 @@ class _OpenHow(ctypes.Structure):
 
 
 def fchmod_fd(fd: int, mode: int, nofollow: bool = False) -> None:
-    """chmod the inode behind `fd` (O_PATH allowed); needs fchmodat2 (Linux 6.6).
+    """chmod the inode behind `fd` (O_PATH allowed): fchmodat2 (Linux 6.6), or where it is
+    missing or refused (a container's seccomp profile) chmod through our /proc/self/fd
+    link to the same inode.
 
     With `nofollow` the kernel refuses a symlink (EOPNOTSUPP), as for the child's own call.
     """
+    from ..features import detect
+    if not detect().fchmodat2:
+        if stat.S_ISLNK(os.fstat(fd).st_mode):
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+        return
     flags = AT_EMPTY_PATH | (AT_SYMLINK_NOFOLLOW if nofollow else 0)
     syscall(NR_FCHMODAT2, fd, b"", ctypes.c_uint(mode), flags)
 

@@ -4,7 +4,9 @@
  * The Python parent prepares everything (Landlock ruleset fd, BPF program, argv, env) and
  * starts this helper with posix_spawn, which puts it in a new process group, sets stdio,
  * resets signal dispositions and mask, and places these fds:
- *   3 status (write): records {int32 step, int32 value}; EOF at exec means success
+ *   3 status (a SOCK_SEQPACKET socket): records {int32 step, int32 value}, one per
+ *     message; EOF at exec means success. With flag bit 4 the listener record carries the
+ *     listener itself (SCM_RIGHTS), else the parent takes it with pidfd_getfd
  *   4 ack (read): one byte from the parent once it holds the seccomp listener
  *   5 Landlock ruleset, or -1 in argv when Landlock is unavailable (degraded)
  *   6 BPF program (struct sock_filter[]), read with pread
@@ -54,6 +56,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -67,7 +70,7 @@ enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, S
        ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT };
 
 enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7 };
-enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8 };
+enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16 };
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
 #define MAX_BPF_INSNS 4096
@@ -290,6 +293,33 @@ static void allow_overlay(const char *lower, uint64_t rights) {
     close(attr.parent_fd);
 }
 
+/* The listener record, with the listener attached (SCM_RIGHTS): where pidfd_getfd is
+ * refused (a container's seccomp profile). Only used when the program's filter leaves
+ * sendmsg in the kernel (no network supervision): a trapped sendmsg would wait for the
+ * very listener it carries. */
+static void send_listener(int listener) {
+    int32_t rec[2] = {ST_LISTENER, listener};
+    struct iovec iov = {rec, sizeof rec};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &listener, sizeof(int));
+    ssize_t n;
+    do {
+        n = sendmsg(FD_STATUS, &msg, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof rec)
+        _exit(127); /* the parent is gone, or the channel broke: never run unsupervised */
+}
+
 static int load_seccomp(void) {
     static struct sock_filter insns[MAX_BPF_INSNS];
     ssize_t n = pread(FD_BPF, insns, sizeof insns, 0);
@@ -361,7 +391,10 @@ int main(int argc, char **argv) {
         fail(ST_LANDLOCK, errno);
 
     int listener = load_seccomp();
-    report(ST_LISTENER, listener);
+    if (flags & F_SEND_LISTENER)
+        send_listener(listener);
+    else
+        report(ST_LISTENER, listener);
     char ack = 0;
     ssize_t n;
     do {

@@ -95,9 +95,24 @@ class Request:
         return self._pidfd
 
     def dup_fd(self, child_fd: int) -> int:
-        """Our own duplicate of the child's fd (the caller closes it)."""
+        """Our own duplicate of the child's fd (the caller closes it). Where pidfd_getfd
+        is refused (a container's seccomp profile), an O_PATH fd on the same object
+        through /proc/TID/fd: enough for what a path names (a directory to start from, an
+        inode to chmod or exec); a socket operation on it fails (EBADF), and the policies
+        that need those are refused before anything runs (features.costs)."""
         if child_fd < 0:
             raise Denied(errno.EBADF, "bad file descriptor")
+        from ..features import detect
+        if not detect().pidfd_getfd:
+            try:
+                fd = os.open(f"/proc/{self.pid}/fd/{child_fd}", os.O_PATH | os.O_CLOEXEC)
+            except OSError as e:
+                raise Denied(errno.EBADF if e.errno == errno.ENOENT else e.errno,
+                             "cannot reach the child's fd") from None
+            if not self.still_valid():
+                os.close(fd)
+                raise Denied(errno.ESRCH, "the calling task is gone")
+            return fd
         try:
             return pidfd.pidfd_getfd(self._get_pidfd(), child_fd)
         except OSError as e:

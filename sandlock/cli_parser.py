@@ -1,0 +1,255 @@
+"""The `sandlock` command line's grammar: subcommands, options, help with examples, and
+the errors a mistyped command gets (the usage of the subcommand in use, and the closest
+valid option).
+
+Built per start for the subcommand in use only (argparse set-up is a noticeable part of
+every start); `sandlock completion` walks the whole tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+
+from . import __version__
+
+EXAMPLES = {
+    "run": """examples:
+  sandlock run -- ls /                         system directories read-only, nothing else
+  sandlock run -w . -- make                    the working directory writable
+  sandlock run -r ~/data -t 60 -- python3 analyse.py
+  sandlock run --allow :443 -- curl https://example.com     TCP to port 443 only
+  sandlock run --workdir . --dry-run -- sh -c 'sed -i s/a/b/ *.txt'   see, apply nothing
+  sandlock run -v -- python3 app.py            print what the toolchain grants added
+""",
+    "net-run": """examples:
+  sandlock net-run --allow api.github.com:443 -- gh repo list
+  sandlock net-run --http-allow 'GET api.example.com/v1/*' -- python3 fetch.py
+  sandlock net-run --policy policies/github-readonly.yaml -- ./agent-tool
+  sandlock audit ~/.local/state/sandlock/net-run-audit.jsonl    what was denied
+""",
+    "pipe": """examples:
+  sandlock pipe -r data -- cat data/in.csv ::: --allow :443 -- python3 upload.py
+  sandlock pipe --pipefail -- false ::: -- cat      exit status 1, not cat's 0
+""",
+    "policy": """examples:
+  sandlock policy check policies/github-readonly.yaml
+  sandlock policy check my.yaml -- python3     also what running python3 would be granted
+""",
+    "audit": """examples:
+  sandlock audit audit.jsonl             one line per denial, then the totals
+  sandlock audit --summary audit.jsonl   the totals only
+""",
+    "completion": """examples:
+  sandlock completion bash > ~/.local/share/bash-completion/completions/sandlock
+  sandlock completion zsh > "${fpath[1]}/_sandlock"
+  sandlock completion fish > ~/.config/fish/completions/sandlock.fish
+""",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """An unknown or mistyped option names the closest valid one, under the usage of the
+    subcommand in use; the exit status is 125 (sandlock itself refused: nothing ran)."""
+
+    def error(self, message: str):
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            words = message.split(":", 1)[1].split()
+            flags = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+            options = [o for a in self._actions for o in a.option_strings]
+            for flag in flags:
+                close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+                if close:
+                    hint += f"\n{self.prog}: {flag}: did you mean {close[0]}?"
+        self.print_usage(sys.stderr)
+        self.exit(125, f"{self.prog}: error: {message}{hint}\n")
+
+
+def add_run_policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", metavar="FILE.yaml",
+                   help="a YAML policy (version 1); the flags below add to it")
+    p.add_argument("-r", "--fs-read", action="append", default=[], metavar="PATH",
+                   help="grant read (and execute) access beneath PATH")
+    p.add_argument("-w", "--fs-write", action="append", default=[], metavar="PATH",
+                   help="grant read/write access beneath PATH")
+    p.add_argument("--fs-deny", action="append", default=[], metavar="PATH",
+                   help="keep PATH inaccessible even beneath a granted directory")
+    p.add_argument("--no-system", action="store_true",
+                   help="do not grant the default read-only system directories "
+                        "(/usr /bin /lib /etc /opt /proc ...) and standard devices")
+    p.add_argument("--strict", action="store_true",
+                   help="system directories only: do not grant the command's own "
+                        "toolchain (pyenv, nvm, uv, ~/.local/bin ...) and ~/.gitconfig")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print every path granted beyond the flags, and why, and what of "
+                        "the user's files is protected")
+    p.add_argument("--net-allow", "--allow", action="append", default=[], metavar="SPEC",
+                   help="allow a destination: ':443', 'api.example.com:443', "
+                        "'*.example.com', '10.0.0.0/8:5432', 'udp://1.1.1.1:53'")
+    p.add_argument("--net-deny", "--deny", action="append", default=[], metavar="SPEC",
+                   help="deny an address or CIDR even if an allow rule matches")
+    p.add_argument("--net-allow-unix", action="append", default=[], metavar="PATH",
+                   help="allow connecting to unix sockets beneath PATH ('*' for any)")
+    p.add_argument("--net-allow-private", action="store_true",
+                   help="let host rules reach private/loopback addresses they resolve to")
+    p.add_argument("--dns-server", action="append", default=[], metavar="ADDR[:PORT]",
+                   help="resolver for host rules (default: the system's)")
+    p.add_argument("--http-allow", action="append", default=[], metavar="RULE",
+                   help="allow HTTP requests: 'GET api.github.com/repos/*' (with a rule, "
+                        "connects to HTTP ports go through the HTTP filter)")
+    p.add_argument("--http-deny", action="append", default=[], metavar="RULE",
+                   help="deny HTTP requests matching RULE (checked first)")
+    p.add_argument("--http-port", action="append", default=[], type=int, metavar="PORT",
+                   help="TCP ports the HTTP filter sees (default 80 and 443)")
+    p.add_argument("--http-raw", action="append", default=[], metavar="SPEC",
+                   help="relay TCP to this endpoint unfiltered although HTTP rules name its "
+                        "host (e.g. 'db.internal:5432'); listed by `policy check`")
+    p.add_argument("--http-upgrade", action="append", default=[], metavar="PROTOCOL",
+                   help="allow a protocol switch through the HTTP filter: websocket, h2c, h2 "
+                        "(prior knowledge) or connect; what follows is not inspected")
+    p.add_argument("--http-ca", metavar="PEM",
+                   help="intercept HTTPS with this CA (certificate, and key unless --http-key)")
+    p.add_argument("--http-key", metavar="PEM", help="the private key of --http-ca")
+    p.add_argument("--http-inject-ca", action="store_true",
+                   help="intercept HTTPS (with the default CA unless --http-ca) and make "
+                        "the sandbox trust it: SSL_CERT_FILE, CURL_CA_BUNDLE, ...")
+    p.add_argument("--http-ca-out", metavar="FILE", help="write the CA certificate here")
+    p.add_argument("--http-upstream-ca", metavar="PEM",
+                   help="verify upstream HTTPS servers against this bundle (default: system)")
+    p.add_argument("--audit", metavar="FILE", help="append JSON Lines audit records here")
+    p.add_argument("--audit-allowed", action="store_true",
+                   help="record allowed network events too")
+    p.add_argument("--net-allow-bind", action="append", default=[], metavar="PORTS",
+                   help="allow TCP bind on PORTS ('8080', '8000-8010', '0' for ephemeral)")
+    p.add_argument("--extra-deny-syscall", action="append", default=[], metavar="NAME",
+                   help="deny another syscall (or group) with EPERM")
+    p.add_argument("--extra-allow-syscall", action="append", default=[], metavar="GROUP",
+                   help="allow a group denied by default (sysv_ipc, process_group)")
+    p.add_argument("--keep-cap", action="append", default=[], metavar="CAP",
+                   help="when started as root, keep this capability (default: none)")
+    p.add_argument("-t", "--timeout", type=float, metavar="SECONDS",
+                   help="kill the whole sandbox after SECONDS (exit status 124)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="set an environment variable")
+    p.add_argument("--clean-env", action="store_true",
+                   help="start from a minimal environment (PATH HOME TERM LANG ...)")
+    p.add_argument("--cwd", metavar="DIR", help="working directory of the program")
+    p.add_argument("--workspace-backend", choices=("auto", "overlay", "seccomp"),
+                   help="how --workdir is kept private: overlay (kernel overlayfs in a "
+                        "namespace of its own), seccomp (the supervisor), auto (default)")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="copy-on-write workspace: the program's writes under DIR go to a "
+                        "private layer, applied or discarded when it ends")
+    p.add_argument("--fs-storage", metavar="DIR",
+                   help="where the workspace's layer lives (default ~/.cache/sandlock/cow)")
+    p.add_argument("--max-disk", metavar="SIZE", help="cap on the layer's size (e.g. 512M)")
+    p.add_argument("--on-exit", choices=("commit", "abort", "keep"),
+                   help="workspace outcome when the program exits 0 (default commit)")
+    p.add_argument("--on-error", choices=("commit", "abort", "keep"),
+                   help="workspace outcome otherwise (default abort)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --workdir: print what the program changed, then discard it")
+    p.add_argument("--no-coredump", action="store_true", help="no core dumps")
+    p.add_argument("--name", help="a name for the sandbox (in errors and logs)")
+    p.add_argument("--allow-degraded", action="store_true",
+                   help="run even if the kernel lacks features; lists what is lost")
+
+
+def build(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; with `only`, just that subcommand (argparse set-up is a noticeable
+    part of every start, and a run needs only its own options)."""
+    parser = Parser(
+        prog="sandlock", description="Run commands in a lightweight unprivileged sandbox.",
+        epilog="`sandlock COMMAND --help` shows each command's options and examples.")
+    parser.add_argument("--version", action="version", version=f"sandlock {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.subcommands = sub.choices  # name -> its parser (errors are told under it)
+    wanted = (lambda name: only is None or only == name)
+    if wanted("run"):
+        run = sub.add_parser("run", help="run a command in a sandbox",
+                             usage="sandlock run [options] -- COMMAND [ARG...]",
+                             epilog=EXAMPLES["run"], formatter_class=_Formatter)
+        add_run_policy_args(run)
+        run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    if wanted("net-run"):
+        _add_net_run(sub)
+    if wanted("pipe"):
+        _add_pipe(sub)
+    if wanted("policy"):
+        pol = sub.add_parser("policy", help="policy files", epilog=EXAMPLES["policy"],
+                             formatter_class=_Formatter)
+        pol_sub = pol.add_subparsers(dest="policy_command", required=True, parser_class=Parser)
+        pol_check = pol_sub.add_parser("check", help="validate a policy and print its rules",
+                                       epilog=EXAMPLES["policy"], formatter_class=_Formatter)
+        pol_check.add_argument("file")
+        pol_check.add_argument("cmd", nargs=argparse.REMAINDER,
+                               help="-- COMMAND: also the toolchain grants it would get")
+    if wanted("audit"):
+        audit = sub.add_parser("audit", help="summarise an audit log",
+                               epilog=EXAMPLES["audit"], formatter_class=_Formatter)
+        audit.add_argument("file")
+        audit.add_argument("--top", type=int, default=10,
+                           help="how many entries each summary table shows")
+        audit.add_argument("--summary", action="store_true",
+                           help="only the totals, not one line per denial")
+    if wanted("workspace"):
+        ws = sub.add_parser("workspace", help="a copy-on-write layer left by --on-exit keep "
+                                              "(or by a crash during a commit)")
+        ws.add_argument("action", choices=("diff", "commit", "abort"),
+                        help="diff: list its changes; commit: apply them to the workdir "
+                             "(finishes an interrupted commit); abort: discard the layer")
+        ws.add_argument("layer", help="the layer directory (printed when it was kept)")
+    if wanted("certs"):
+        certs = sub.add_parser(
+            "certs", help="the local CA used to intercept HTTPS",
+            description="init: create the CA in the certificate store (once); path: print "
+                        "the CA certificate's path; export: print the CA certificate (PEM). "
+                        "The store is $SANDLOCK_CERTS_DIR, else ~/.local/share/sandlock/certs; "
+                        "its private key is never readable inside a sandbox.")
+        certs.add_argument("action", choices=("init", "path", "export"))
+    if wanted("completion"):
+        comp = sub.add_parser("completion", help="print a shell completion script",
+                              epilog=EXAMPLES["completion"], formatter_class=_Formatter)
+        comp.add_argument("shell", choices=("bash", "zsh", "fish"))
+    if wanted("check"):
+        check = sub.add_parser("check", help="report what this kernel supports")
+        check.add_argument("--allow-degraded", action="store_true",
+                           help="succeed when Landlock is present even if features are missing")
+    return parser
+
+
+def _add_net_run(sub) -> None:
+    net = sub.add_parser(
+        "net-run", help="run an agent tool under a network policy",
+        usage="sandlock net-run [--policy F] [--allow SPEC] [--deny SPEC] [--audit FILE] "
+              "[options] -- COMMAND [ARG...]",
+        description="System directories read-only, the working directory writable (not "
+                    "when it is $HOME or /), the command's own toolchain readable, the user's "
+                    "secrets (~/.ssh, ~/.aws, ~/.netrc, ...) hidden and startup files kept, "
+                    "network as the policy says, every denial in the audit log.",
+        epilog=EXAMPLES["net-run"], formatter_class=_Formatter)
+    add_run_policy_args(net)
+    net.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+
+def _add_pipe(sub) -> None:
+    pipe = sub.add_parser(
+        "pipe", help="run a pipeline whose stages have their own policies",
+        usage="sandlock pipe [-t SECONDS] [stage options] -- CMD... ::: [stage options] -- CMD...",
+        description="Stages are separated by ':::'; each takes the options of `sandlock run` "
+                    "(its own --policy, -r, -w, --net-allow ...). Stage N's stdout feeds stage "
+                    "N+1's stdin through a kernel pipe. -t/--timeout (first stage's) bounds the "
+                    "whole pipeline. Exit status: the last stage's, or with --pipefail the "
+                    "last non-zero one (as bash's `set -o pipefail`).",
+        epilog=EXAMPLES["pipe"], formatter_class=_Formatter)
+    pipe.add_argument("--pipefail", action="store_true",
+                      help="exit with the last non-zero status of any stage")
+    pipe.add_argument("stages", nargs=argparse.REMAINDER)
+
+
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Examples keep their layout."""

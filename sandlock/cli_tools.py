@@ -1,0 +1,161 @@
+"""The `sandlock` subcommands other than run, net-run and pipe: policy check, audit, check,
+workspace, certs, completion. Loaded only when one of them is used."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .cli import EXIT_SANDLOCK, _protection_notes, _say
+
+
+def policy_check(a) -> int:
+    from .errors import SandlockError
+    from .policy_file import load_policy, merge_fields, system_fields
+    from .sandbox import Sandbox
+    try:
+        loaded = load_policy(a.file)
+        sb = Sandbox(**merge_fields(system_fields() if loaded.system else {}, loaded.fields))
+    except SandlockError as e:
+        _say(f"error: {e}")
+        return EXIT_SANDLOCK
+    p = sb.policy
+    print(f"{a.file}: valid (version 1){' — ' + loaded.name if loaded.name else ''}")
+    rows = [("read", p.fs_readable), ("write", p.fs_writable), ("deny", p.fs_denied),
+            ("net allow", [r.spec for r in p.endpoints.allow] or ["(none: no network)"]),
+            ("net deny", [r.spec for r in p.endpoints.deny]),
+            ("tcp bind", sorted(p.tcp_bind.ports) if not p.tcp_bind.any_port else ["*"]),
+            ("unix sockets", p.unix_allow), ("dns servers", p.dns_servers or
+                                             (["(system)"] if p.endpoints.hostnames else [])),
+            ("http allow", [r.spec for r in p.http.allow] if p.http else []),
+            ("http deny", [r.spec for r in p.http.deny] if p.http else []),
+            ("http ports", sorted(p.http_ports)),
+            ("audit log", [p.audit_log] if p.audit_log else [])]
+    if p.workspace is not None:
+        ws = p.workspace
+        rows.append(("workdir", [f"{ws.workdir} (copy-on-write: a private layer in "
+                                 f"{ws.storage}"
+                                 + (f", at most {ws.max_disk} bytes" if ws.max_disk else "")
+                                 + ")"]))
+        rows.append(("outcome", [f"exit 0: {loaded.fields.get('on_exit', 'commit')}; "
+                                 f"otherwise: {loaded.fields.get('on_error', 'abort')}"]))
+    for label, values in rows:
+        if values:
+            print(f"  {label:13} " + "\n  {:13} ".format("").join(str(v) for v in values))
+    enforcement = ("Landlock only (port rules)" if not p.net_supervised
+                   else "supervisor decides destinations; Landlock bounds TCP ports")
+    print(f"  {'network':13} {enforcement}")
+    if p.endpoints.hostnames and not p.endpoints.allow_private:
+        print(f"  {'ssrf':13} host rules never reach private/loopback/metadata addresses")
+    if loaded.timeout:
+        print(f"  {'timeout':13} {loaded.timeout:g}s")
+    from .policy_report import http_report
+    report = http_report(p)
+    for note in report.notes:
+        print(f"  {'note':13} {note}")
+    for note in _protection_notes(p):
+        print(f"  {'user files':13} {note}")
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if cmd and loaded.system:
+        from .toolchain import toolchain_grants
+        for g in toolchain_grants(cmd[0], dict(os.environ, **(loaded.fields.get("env") or {})),
+                                  loaded.fields.get("cwd") or os.getcwd()):
+            print(f"  {'toolchain':13} read {g.path} ({g.why})")
+    for error in report.errors:
+        print(f"  {'error':13} {error}")
+    return EXIT_SANDLOCK if report.errors else 0
+
+
+def audit(a) -> int:
+    from netpolicy.audit import summarize
+    try:
+        print(summarize(a.file, a.top, lines=not a.summary))
+    except OSError as e:
+        _say(f"error: {a.file}: {e.strerror}")
+        return EXIT_SANDLOCK
+    return 0
+
+
+def check(a) -> int:
+    from .features import FULL_LANDLOCK_ABI, costs, degradations, detect
+    from .protect import mode
+    f = detect()
+    print(f"kernel {os.uname().release}")
+    for name, present, purpose in f.report():
+        print(f"  [{'ok' if present else '--'}] {name:28} {purpose}")
+    namespaces = mode() == "mounts"
+    print(f"  [{'ok' if namespaces else '--'}] {'mount namespaces':28} the user's files kept by "
+          f"the kernel; overlay workspaces")
+    lost = degradations(f)
+    for kind, item in costs(f):
+        print(f"{'refused here' if kind == 'refused' else 'note'}: {item}")
+    if not namespaces:
+        print("no mount namespace can be made here (unshare refused: a container's seccomp "
+              "profile, or user namespaces restricted): secrets are Landlock-denied paths "
+              "(the directories on the way to one accept no new entries) and workspaces "
+              "use the seccomp backend")
+    if not lost:
+        print("all protections available")
+        return 0
+    for item in lost:
+        print(f"missing: {item}")
+    if a.allow_degraded and f.landlock_abi >= 1:
+        print("usable with --allow-degraded (the protections above are lost)")
+        return 0
+    print(f"sandlock needs Landlock ABI {FULL_LANDLOCK_ABI} (Linux 6.12+) and seccomp user "
+          f"notification; run with --allow-degraded to accept less")
+    return 1
+
+
+def workspace(a) -> int:
+    from . import cow
+    try:
+        layer = cow.open_layer(a.layer)
+        if a.action == "diff":
+            if cow.interrupted(a.layer):
+                _say("a commit of this layer was interrupted; `sandlock workspace "
+                      "commit` finishes it")
+            print(cow.table(cow.diff(layer)))
+        elif a.action == "commit":
+            changes = cow.diff(layer) if not cow.interrupted(a.layer) else None
+            cow.commit(layer, changes)
+            _say(f"committed to {layer.lower}")
+        else:
+            layer.discard()
+            _say(f"discarded {a.layer}")
+    except (OSError, ValueError) as e:
+        _say(f"error: {a.layer}: {e}")
+        return EXIT_SANDLOCK
+    return 0
+
+
+def certs(a) -> int:
+    from netpolicy.tls_intercept import BASENAME, default_certs_dir, open_store
+    directory = default_certs_dir()
+    cert = directory / f"{BASENAME}-ca-cert.pem"
+    if a.action == "init" or not cert.exists():
+        if a.action != "init":
+            _say(f"error: no CA in {directory}; run `sandlock certs init`")
+            return EXIT_SANDLOCK
+        existed = cert.exists()
+        try:
+            open_store(directory)
+        except OSError as e:
+            _say(f"error: {directory}: {e.strerror}")
+            return EXIT_SANDLOCK
+        print(f"{'existing' if existed else 'created'} CA: {cert} "
+              f"(private key: {directory / (BASENAME + '-ca.pem')}, mode 0600)")
+        return 0
+    if a.action == "path":
+        print(cert)
+    else:
+        sys.stdout.write(cert.read_text())
+    return 0
+
+
+
+
+def completion(a) -> int:
+    from .completion import script
+    sys.stdout.write(script(a.shell))
+    return 0
