@@ -142,6 +142,7 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
                  f": net-run does not make it writable (pass -w {cwd} to allow that)")
         else:
             base = merge_fields(base, {"fs_writable": [cwd]})
+        base["private_tmp"] = True  # a TMPDIR of its own, not the host's /tmp
         if not (a.audit or fields.get("audit_log")):
             fields = merge_fields(fields, {"audit_log": _default_audit_path()})
     merged = merge_fields(merge_fields(base, fields), _flag_fields(a))

@@ -43,27 +43,63 @@ PERSISTENCE = (
     ".zprofile", ".zshenv", ".zlogin", ".zlogout", ".config/fish", ".ssh",
     ".config/autostart", ".config/systemd/user", ".local/bin", ".xprofile", ".xinitrc",
     ".xsession", ".pam_environment", ".config/environment.d", ".envrc",
-    # configuration that runs commands: git (hooks path, aliases), editors
-    ".gitconfig", ".config/git", ".vimrc", ".config/nvim", ".emacs", ".emacs.d",
+    # sourced by the usual startup files, or on PATH before the system (~/bin)
+    ".bash_aliases", ".xsessionrc", "bin", ".pythonrc", ".pythonrc.py",
+    # configuration that runs commands: git (hooks path, aliases), editors, terminals
+    ".gitconfig", ".config/git", ".vimrc", ".vim", ".config/nvim", ".emacs", ".emacs.d",
+    ".tmux.conf", ".config/tmux", ".config/direnv", ".local/share/applications",
+    ".ipython/profile_default/startup",
+    # package managers and build tools: indexes, hooks and init scripts they run
+    ".config/pip", ".pip", ".condarc", ".yarnrc", ".yarnrc.yml", ".cargo/config",
+    ".cargo/config.toml", ".gradle/init.d", ".gradle/init.gradle", ".m2/settings.xml",
 )
 # Outside the home: crontabs and system-wide startup files (a writable grant of / as root).
 SYSTEM_PERSISTENCE = (
     "/var/spool/cron", "/etc/crontab", "/etc/cron.d", "/etc/cron.hourly", "/etc/cron.daily",
     "/etc/cron.weekly", "/etc/cron.monthly", "/etc/anacrontab", "/etc/profile",
     "/etc/profile.d", "/etc/bash.bashrc", "/etc/zsh", "/etc/environment",
-    "/etc/systemd/system", "/etc/rc.local", "/etc/ld.so.preload", "/etc/sudoers",
-    "/etc/sudoers.d",
+    "/etc/systemd/system", "/etc/systemd/user", "/lib/systemd/system",
+    "/usr/lib/systemd/system", "/etc/init.d", "/etc/rc.local", "/etc/xdg/autostart",
+    "/etc/update-motd.d", "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+    "/etc/sudoers", "/etc/sudoers.d", "/etc/pam.d", "/etc/security", "/etc/passwd",
+    "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/ssh", "/etc/apt/apt.conf.d",
+    "/etc/modprobe.d", "/usr/local/bin", "/usr/local/sbin",
 )
 # Names protected in every directory under a writable grant (direnv, editors' task and
 # launch configurations run commands when the user opens the directory).
 PROJECT_FILES = (".envrc", ".vscode", ".idea")
-REPO_FILES = ("hooks", "config")  # in the .git of a repository that exists at the start
-SCAN_DEPTH = 4          # directories below a writable grant searched for repositories
-SCAN_ENTRIES = 20000    # entries looked at, in all
+# In a repository's git directory (.git, and .git/modules/NAME, .git/worktrees/NAME): what
+# git reads to find code to run (hooks, core.hooksPath, filters, fsmonitor) or another git
+# directory to use instead (commondir, gitdir).
+REPO_FILES = ("hooks", "config", "config.worktree", "commondir", "gitdir")
+SCAN_DEPTH = 8          # directories below a writable grant searched for repositories
+SCAN_ENTRIES = 100000   # entries looked at, in all
+# Trees never searched for repositories: caches and installed packages.
+SCAN_SKIP = ("node_modules", "site-packages", "dist-packages", "__pycache__", ".cache",
+             "target", ".tox", ".nox", "venv", ".venv", ".mypy_cache", ".gradle", ".m2")
 
 
 def home() -> str:
     return os.path.realpath(os.path.expanduser("~"))
+
+
+def homes(home_dir: str | None = None) -> list[str]:
+    """The homes whose files are protected: the user's; started as root, every home
+    (/root, /home/*), which root's grants can reach."""
+    out = [home_dir or home()]
+    if os.geteuid() == 0:
+        for h in ["/root"] + [os.path.join("/home", n) for n in _listdir("/home")]:
+            h = os.path.realpath(h)
+            if os.path.isdir(h) and h not in out:
+                out.append(h)
+    return out
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
 
 
 def secret_paths(home_dir: str | None = None) -> list[str]:
@@ -92,6 +128,7 @@ class HomePlan:
     repos: tuple[str, ...]         # .git directories found (their hooks/config protected)
     named: tuple[str, ...]         # what the user named (exempt)
     roots: tuple[str, ...] = ()    # writable grant directories (.envrc & co. refused there)
+    homes: tuple[str, ...] = ()    # the homes protected (the user's; as root, every one)
 
     @property
     def empty(self) -> bool:
@@ -125,15 +162,30 @@ def _carve(path: str, named) -> list[str]:
     return out
 
 
+def _git_dir_of(entry: str) -> str | None:
+    """The git directory a `.git` entry stands for: itself, or the one a gitfile names."""
+    if os.path.isdir(entry) and not os.path.islink(entry):
+        return entry
+    try:
+        with open(entry, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    if not head.startswith(b"gitdir:"):
+        return None
+    target = os.fsdecode(head[7:].split(b"\n", 1)[0].strip())
+    return os.path.realpath(os.path.join(os.path.dirname(entry), target))
+
+
 def _scan(roots, budget: list[int]) -> tuple[list[str], list[str]]:
-    """`.git` directories below `roots` (bounded), and above them (a repository the grant
-    lies inside of); and the PROJECT_FILES entries below them."""
+    """Git directories below `roots` (bounded; caches and package trees skipped), and
+    above them (a repository the grant lies inside of); and the PROJECT_FILES entries."""
     found, project = [], []
     for root in roots:
         p = root
         while p != "/":
-            g = os.path.join(p, ".git")
-            if os.path.isdir(g) and not os.path.islink(g):
+            g = _git_dir_of(os.path.join(p, ".git"))
+            if g is not None:
                 found.append(g)
                 break
             p = os.path.dirname(p)
@@ -146,16 +198,76 @@ def _scan(roots, budget: list[int]) -> tuple[list[str], list[str]]:
                         budget[0] -= 1
                         if e.name in PROJECT_FILES:
                             project.append(e.path)
-                        if not e.is_dir(follow_symlinks=False):
-                            continue
                         if e.name == ".git":
-                            found.append(e.path)
-                        elif depth < SCAN_DEPTH and (not e.name.startswith(".") or
-                                                     e.name in (".config", ".local")):
+                            g = _git_dir_of(e.path)
+                            if g is not None:
+                                found.append(g)
+                            continue
+                        if not e.is_dir(follow_symlinks=False) or e.name in SCAN_SKIP:
+                            continue
+                        if depth < SCAN_DEPTH and (not e.name.startswith(".") or
+                                                   e.name in (".config", ".local")):
                             stack.append((e.path, depth + 1))
             except OSError:
                 continue
     return sorted(set(found)), sorted(set(project))
+
+
+def git_dirs_within(gitdir: str, budget: int = 2000) -> list[str]:
+    """A git directory and those it holds: submodules' (modules/NAME, nested) and linked
+    worktrees' (worktrees/NAME)."""
+    out, todo = [], [gitdir]
+    while todo and budget > 0:
+        g = todo.pop()
+        out.append(g)
+        for sub in ("modules", "worktrees"):
+            base = os.path.join(g, sub)
+            for dirpath, dirnames, filenames in os.walk(base):
+                budget -= 1
+                if "HEAD" in filenames and dirpath != base:
+                    todo.append(dirpath)
+                    dirnames[:] = []
+                if budget <= 0:
+                    break
+    return out
+
+
+def hooks_paths(gitdir: str, worktree: str | None, home_dirs) -> list[str]:
+    """Directories a core.hooksPath setting names (the repository's config, the user's
+    global ones): git runs what is there as hooks."""
+    out = []
+    configs = [os.path.join(gitdir, "config")]
+    configs += [os.path.join(h, rel) for h in home_dirs
+                for rel in (".gitconfig", ".config/git/config")]
+    for cfg in configs:
+        try:
+            with open(cfg, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, sep, value = line.strip().partition("=")
+            if sep and key.strip().lower() == "hookspath":
+                value = os.path.expanduser(value.strip().strip('"'))
+                base = worktree if cfg.startswith(gitdir) and worktree else \
+                    os.path.dirname(cfg)
+                out.append(os.path.realpath(os.path.join(base, value)))
+    return out
+
+
+def _symlinked_secrets(directory: str, budget: int = 2000) -> list[str]:
+    """Where the symlinks inside a secret directory lead (dotfiles managers: ~/.ssh/id_x
+    -> ~/dotfiles/ssh/id_x): those are secrets too."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        for n in dirnames + filenames:
+            budget -= 1
+            p = os.path.join(dirpath, n)
+            if os.path.islink(p):
+                out.append(os.path.realpath(p))
+        if budget <= 0:
+            break
+    return out
 
 
 def _beneath_grant(path: str, grants) -> bool:
@@ -167,19 +279,26 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
     user wrote themselves (default: every grant): a secret named in any grant is exempt,
     a persistence vector only when named in a writable grant. A protected path that is a
     symlink is protected where it points too (its name stays guarded)."""
-    h = home_dir or home()
     named = tuple(readable) + tuple(writable) if named is None else tuple(named)
     named_write = tuple(n for n in named if n in tuple(writable))
     grants = tuple(readable) + tuple(writable)
+    all_homes = homes(home_dir)
     hidden, readonly, guarded = [], [], []
-    for s in secret_paths(h):
+    secrets = [s for h in all_homes for s in secret_paths(h)]
+    for s in secrets:
         if not os.path.lexists(s):
+            if _beneath_grant(s, writable) and not _named_exempt(s, named_write):
+                guarded.append(s)  # a credential file planted there could run code
             continue
-        for p in dict.fromkeys((s, os.path.realpath(s))):
+        targets = [s, os.path.realpath(s)]
+        if os.path.isdir(s):
+            targets += _symlinked_secrets(s)
+        for p in dict.fromkeys(targets):
             if _beneath_grant(p, grants):
                 hidden += _carve(p, named)
     roots = [w for w in writable if w != "/dev/null" and os.path.isdir(w)]
-    for p in persistence_paths(h):
+    vectors = [p for h in all_homes for p in persistence_paths(h)]
+    for p in dict.fromkeys(vectors):
         if _named_exempt(p, named_write) or any(is_beneath(p, x) for x in hidden):
             continue
         if not os.path.lexists(p):
@@ -189,15 +308,23 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
         for q in dict.fromkeys((p, os.path.realpath(p))):
             if _beneath_grant(q, writable) and not _named_exempt(q, named_write):
                 readonly.append(q)
-    repos, project = _scan(roots, [SCAN_ENTRIES]) if roots else ([], [])
-    for g in repos:
-        for name in REPO_FILES:
-            p = os.path.join(g, name)
-            if os.path.lexists(p) and not _named_exempt(p, named_write) and \
-                    _beneath_grant(p, writable):
-                readonly.append(p)
+    found, project = _scan(roots, [SCAN_ENTRIES]) if roots else ([], [])
+    repos = []
+    for g in found:
+        worktree = os.path.dirname(g) if os.path.basename(g) == ".git" else None
+        for gd in git_dirs_within(g):
+            repos.append(gd)
+            for name in REPO_FILES:
+                p = os.path.join(gd, name)
+                if os.path.lexists(p) and not _named_exempt(p, named_write) and \
+                        _beneath_grant(p, writable):
+                    readonly.append(p)
+        for hp in hooks_paths(g, worktree, all_homes):
+            if _beneath_grant(hp, writable) and not _named_exempt(hp, named_write):
+                (readonly if os.path.lexists(hp) else guarded).append(hp)
     for p in project:
         if not _named_exempt(p, named_write):
             readonly.append(p)
     return HomePlan(tuple(dict.fromkeys(hidden)), tuple(dict.fromkeys(readonly)),
-                    tuple(dict.fromkeys(guarded)), tuple(repos), tuple(named), tuple(roots))
+                    tuple(dict.fromkeys(guarded)), tuple(dict.fromkeys(repos)), tuple(named),
+                    tuple(roots), tuple(all_homes))

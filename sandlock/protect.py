@@ -83,6 +83,10 @@ def spec(p: HomePlan) -> bytes:
         out.append(b"e" + os.fsencode(empty_file()) + b"\0")
     out += [b"h" + os.fsencode(h) + b"\0" for h in p.hidden]
     out += [b"r" + os.fsencode(r) + b"\0" for r in p.readonly]
+    if hidden_files:
+        # Last, the directory of the empty file itself is covered: the sandbox cannot
+        # reach it to chmod or fill it (the covers bound from it keep the inode).
+        out.append(b"h" + os.fsencode(os.path.dirname(empty_file())) + b"\0")
     return b"".join(out)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import confinement as _confinement
 from . import launch, syscall_filter
 from .errors import PolicyError, SandlockError
+from .fs_rules import is_beneath
 from .policy import Policy, build_policy
 from .result import ExitReason, Result
 from .supervisor.loop import Session, supervisor
@@ -770,16 +771,27 @@ class _Workspace:
         prot = session.protection
         if prot is None:
             return
-        kept = []
+        kept, held = [], []  # held: directories kept whole (their replacement refused)
         for change in self.changes:
             real = os.path.join(self.layer.lower, change.path)
             why = prot.refusal(real)
-            if why is None and change.action == "deleted":
+            replaced = change.action == "deleted" or (
+                change.before is not None and change.after is not None
+                and change.before.kind != change.after.kind)  # .git dir -> a gitfile
+            if why is None and replaced:
                 why = prot.moves(real)
+                if why is not None:
+                    held.append(real)
             if why is None:
                 kept.append(change)
             else:
                 self.refused.append((change, why))
+        if held:  # nothing beneath a directory kept whole changes either
+            inside = [c for c in kept if any(
+                is_beneath(os.path.join(self.layer.lower, c.path), h) for h in held)]
+            kept = [c for c in kept if c not in inside]
+            self.refused += [(c, f"it lies in {h}, which is kept whole") for c in inside
+                             for h in held[:1]]
         if self.refused:
             self.changes = kept
             first = self.refused[0][1]

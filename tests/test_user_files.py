@@ -404,3 +404,12 @@ def test_the_api_exposes_the_lists(home):
     assert f"{home}/.ssh" in secrets and f"{home}/.aws" in secrets
     assert f"{home}/.docker/config.json" in secrets and f"{home}/.git-credentials" in secrets
     assert f"{home}/.bashrc" in persistence_paths(str(home))
+
+
+def test_net_run_gives_a_private_tmpdir(home):
+    r = cli(home, "net-run", "--", "sh", "-c",
+            'echo "$TMPDIR"; echo x > "$TMPDIR/f" && cat "$TMPDIR/f"; echo y > /tmp/sandlock-x')
+    lines = r.stdout.splitlines()
+    assert lines[0] and lines[0] != "/tmp" and lines[1] == "x", r.stdout + r.stderr
+    assert not os.path.exists(lines[0])  # removed at exit
+    assert not os.path.exists("/tmp/sandlock-x") and "Permission denied" in r.stderr

@@ -95,3 +95,30 @@ def renameat2(src: str, dst: str, flags: int, src_dir: int = AT_FDCWD,
     to the directory fds)."""
     syscall(NR_RENAMEAT2, src_dir, os.fsencode(src), dst_dir, os.fsencode(dst),
             ctypes.c_uint(flags))
+
+
+NR_STATX = 332
+STATX_BTIME = 0x800
+
+
+class _Statx(ctypes.Structure):
+    _fields_ = [("mask", ctypes.c_uint32), ("blksize", ctypes.c_uint32),
+                ("attributes", ctypes.c_uint64), ("nlink", ctypes.c_uint32),
+                ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32),
+                ("mode", ctypes.c_uint16), ("_pad", ctypes.c_uint16),
+                ("ino", ctypes.c_uint64), ("size", ctypes.c_uint64),
+                ("blocks", ctypes.c_uint64), ("attributes_mask", ctypes.c_uint64),
+                ("atime", ctypes.c_int64 * 2), ("btime", ctypes.c_int64 * 2),
+                ("ctime", ctypes.c_int64 * 2), ("mtime", ctypes.c_int64 * 2),
+                ("_rest", ctypes.c_uint64 * 48)]  # the rest of its 256 bytes, and room
+
+
+def birth_ns(dirfd: int, path: str = "", nofollow: bool = True) -> int | None:
+    """When the inode was created (statx STATX_BTIME), in ns since the epoch; None where
+    the filesystem does not record it."""
+    buf = _Statx()
+    flags = (AT_EMPTY_PATH if not path else 0) | (AT_SYMLINK_NOFOLLOW if nofollow else 0)
+    syscall(NR_STATX, dirfd, os.fsencode(path), flags, STATX_BTIME, ctypes.byref(buf))
+    if not buf.mask & STATX_BTIME:
+        return None
+    return buf.btime[0] * 1_000_000_000 + (buf.btime[1] & 0xFFFFFFFF)

@@ -36,9 +36,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
-from .._kernel.fileops import (AT_FDCWD, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS,
-                               RESOLVE_NO_SYMLINKS, openat2, renameat2)
+from .._kernel.fileops import (AT_FDCWD, RESOLVE_BENEATH, RESOLVE_IN_ROOT,
+                               RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, birth_ns, openat2,
+                               renameat2)
 from ..fs_rules import is_beneath
 from ..home_policy import PROJECT_FILES, REPO_FILES
 from .confined import confined
@@ -62,6 +64,7 @@ class Protection:
     CACHE = 4096  # directory identities remembered as inside (or not) a full write grant
 
     def __init__(self, plan, mode: str, confined_threads, write_roots=frozenset()):
+        self.started = time.time_ns()  # git directories born before are the user's
         self.write_roots = write_roots  # (dev, ino) of the Landlock rules with every write right
         self._inside: dict[tuple[int, int], bool] = {}
         self.hidden = tuple(plan.hidden)
@@ -69,6 +72,7 @@ class Protection:
         self.guarded = tuple(plan.guarded)
         self.repos = tuple(plan.repos)
         self.roots = tuple(plan.roots)
+        self.homes = tuple(plan.homes)
         self.mode = mode
         self.threads = confined_threads
         self.identities = frozenset(_identities(self.readonly + self.hidden))
@@ -91,7 +95,35 @@ class Protection:
         for g in self.repos:
             if any(is_beneath(real, os.path.join(g, f)) for f in REPO_FILES):
                 return f"{real} is a repository's hooks or config (never changed from a sandbox)"
-        return None
+        why = self._git_dir_file(real)
+        if why is None and any(is_beneath(real, os.path.join(h, ".local/lib"))
+                               for h in self.homes):
+            if "/site-packages/" in real and (name.endswith(".pth") or name in (
+                    "usercustomize.py", "sitecustomize.py")):
+                why = f"{real} would run at every start of Python (never created from a sandbox)"
+        return why
+
+    def _git_dir_file(self, real: str) -> str | None:
+        """Any repository, found by the plan's scan or not: a REPO_FILES entry of a git
+        directory (.git, or a submodule's or worktree's within it) that existed before
+        this run (its birth time). Repositories the run itself creates are its own."""
+        parts = real.split("/")
+        if ".git" not in parts:
+            return None
+        i = len(parts) - 1 - parts[::-1].index(".git")
+        gitdir, rest = parts[:i + 1], parts[i + 1:]
+        while len(rest) >= 3 and rest[0] in ("modules", "worktrees"):
+            gitdir, rest = gitdir + rest[:2], rest[2:]
+        if not rest or rest[0] not in REPO_FILES:
+            return None
+        path = "/".join(gitdir)
+        try:
+            born = birth_ns(AT_FDCWD, path)
+        except OSError:
+            return None  # not in the user's tree: the run's own
+        if born is not None and born >= self.started:
+            return None
+        return f"{real} is a repository's hooks or config (never changed from a sandbox)"
 
     def moves(self, real: str) -> str | None:
         """Why the name `real` may not be moved away or replaced: it holds something
@@ -214,6 +246,16 @@ def _parent(session, req: Request, real: str) -> tuple[int, str]:
     return _open_dir(session, req, parent or "/"), name
 
 
+def _takes_place(session, real: str, syscall: str) -> None:
+    """A new name that is not a directory of ours (a symlink, a link, a file) may not be
+    the name of a directory protected paths lie in (~/.config after the sandbox removed
+    an empty one): through it they would lead elsewhere."""
+    why = session.protection.moves(real)
+    if why is not None:
+        raise Denied(errno.EACCES, f"{syscall}: {real} would stand where protected paths "
+                                   f"lie ({why.split(' would move ', 1)[-1]})")
+
+
 def _check(session, real: str, syscall: str) -> None:
     refusal = session.protection.refusal(real)
     rt = session.runtime
@@ -223,31 +265,36 @@ def _check(session, real: str, syscall: str) -> None:
         raise Denied(errno.EACCES, f"{syscall}: {refusal}")
 
 
-def _act(session, act, fds, may_block: bool = False):
-    """Perform `act`: here, when every directory it works in (`fds`) is fully writable to
-    the sandbox (Protection.fully_writable) and it cannot block, else on the sandbox's
-    confined threads. `fds` are closed after it ran (or if it never runs)."""
+def _act(session, act, fds, opens: bool = False):
+    """Perform `act`: here when it only names things (mkdir, symlink, link, rename) in
+    directories fully writable to the sandbox (Protection.fully_writable); an open there
+    on a shared worker (an open can wait: a FIFO's other end, a lease's break), unconfined,
+    as Landlock would allow it anyway; everything else on the sandbox's confined threads.
+    `fds` are closed after it ran (or if it never runs)."""
     try:
-        inline = not may_block and all(session.protection.fully_writable(d) for d in fds)
+        writable = all(session.protection.fully_writable(d) for d in fds)
     except OSError:
-        inline = False
-    if inline:
+        writable = False
+    if writable and not opens:
         try:
             return act()
         finally:
             for fd in fds:
                 os.close(fd)
-    return _confined_call(session, act, fds)
+    return _deferred(session, act, fds, None if writable else
+                     session.protection.threads.pool)
 
 
-def _confined_call(session, act, fds) -> Defer:
-    """Hand `act` to the sandbox's confined threads; `fds` are closed after it ran (or if
-    it never runs)."""
-    guard = CallFds(-1, list(fds))
+def _deferred(session, act, fds, pool, guard=None) -> Defer:
+    """Hand `act` to `pool` (the sandbox's confined threads), or to the shared workers
+    (None); `fds` are closed after it ran (or if it never runs). A caller that dies
+    interrupts it (_kernel.interrupt: one attempt per syscall, never retried on EINTR)."""
+    guard = guard or CallFds(-1)
+    guard.others.extend(fds)
 
     def run():
         try:
-            if not confined():
+            if pool is not None and not confined():
                 raise Denied(errno.EPERM, "the supervisor could not confine the thread "
                                           "acting for this sandbox")
             if guard.cancelled:
@@ -255,41 +302,93 @@ def _confined_call(session, act, fds) -> Defer:
             return act()
         finally:
             guard.close()
-    return Defer(run, guard, pool=session.protection.threads.pool)
+    return Defer(run, guard, pool=pool)
+
+
+def _confined_call(session, act, fds) -> Defer:
+    return _deferred(session, act, fds, session.protection.threads.pool)
+
+
+class _FifoFds(CallFds):
+    """A FIFO's open waits for the other end: aborting it (the caller is gone) opens that
+    end itself, which ends the wait whatever the thread is doing."""
+
+    def __init__(self, dir_fd: int, name: str):
+        super().__init__(-1, [])
+        self.dir_fd, self.name = os.dup(dir_fd), name
+        self.others.append(self.dir_fd)
+
+    def abort(self) -> None:
+        super().abort()
+        try:
+            os.close(_open_once(self.dir_fd, self.name, os.O_RDWR | os.O_NONBLOCK, 0))
+        except OSError:
+            pass
+
+
+def _open_once(dir_fd: int, name: str, flags: int, mode: int) -> int:
+    """Open the entry `name` of `dir_fd` itself, never through a symlink (one swapped in
+    since the check fails with ELOOP), one attempt (EINTR is an answer, not retried)."""
+    return openat2(dir_fd, name, flags | os.O_CLOEXEC, mode,
+                   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+
+
+def _opened(fd: int, flags: int, real: str, protection) -> None:
+    """After the open, before anything is written: the object reached must not be a
+    protected one under another name (an identity check: hard links), then the O_TRUNC
+    the caller asked for is applied. Raises (and closes fd) if refused."""
+    try:
+        st = os.fstat(fd)
+        if flags & (os.O_ACCMODE | os.O_TRUNC) and (st.st_dev, st.st_ino) in \
+                protection.identities:
+            raise Denied(errno.EACCES, f"open: {real} is a protected file under another name")
+        if flags & os.O_TRUNC and flags & os.O_ACCMODE and stat.S_ISREG(st.st_mode):
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 # --- act -------------------------------------------------------------------------------
 
 def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int):
-    landlock_mode = session.protection.mode == "landlock"
     follow = not flags & os.O_NOFOLLOW and not (flags & os.O_CREAT and flags & os.O_EXCL)
     real = _resolved(req, session, dirfd, path, follow)
     writes = bool(flags & (os.O_ACCMODE | os.O_TRUNC))
     if real.startswith("/proc/"):
         return _reopen_proc(req, session, real, flags)
     try:
-        kind = stat.S_IFMT(os.stat(view(session, req.pid) + real).st_mode)
-        exists = True
+        kind = stat.S_IFMT(os.lstat(view(session, req.pid) + real).st_mode)
     except OSError:
-        kind, exists = 0, os.path.lexists(view(session, req.pid) + real)
-    if (not exists and flags & os.O_CREAT) or writes:
+        kind = 0
+    if (not kind and flags & os.O_CREAT) or writes:
         _check(session, real, "open")
     pfd, name = _parent(session, req, real)
     umask = umask_of(req)
     cloexec = bool(flags & os.O_CLOEXEC)
     protection = session.protection
+    # The entry itself, never a symlink swapped in since the check; O_TRUNC only once the
+    # object reached has been checked (_opened).
+    oflags = (flags | os.O_NOFOLLOW) & ~(os.O_NOCTTY | os.O_TRUNC | os.O_CLOEXEC)
 
     def act():
-        fd = os.open(name, (flags | os.O_CLOEXEC) & ~os.O_NOCTTY,
-                     mode & ~umask & 0o7777, dir_fd=pfd)
-        if landlock_mode and writes:
-            why = protection.protected_object(fd, real)
-            if why is not None:
-                os.close(fd)
-                raise Denied(errno.EACCES, f"open: {why}")
+        fd = _open_once(pfd, name, oflags, mode & ~umask & 0o7777)
+        _opened(fd, flags, real, protection)
         return Inject(fd, cloexec)
-    # A FIFO's open waits for its other end; a device's may too.
-    return _act(session, act, [pfd], may_block=kind not in (0, stat.S_IFREG, stat.S_IFDIR))
+    if kind == stat.S_IFIFO:
+        try:
+            fifo = _FifoFds(pfd, name)
+        except BaseException:
+            os.close(pfd)
+            raise
+        pool = None
+        try:
+            if not protection.fully_writable(pfd):
+                pool = protection.threads.pool
+        except OSError:
+            pool = protection.threads.pool
+        return _deferred(session, act, [pfd], pool, fifo)
+    return _act(session, act, [pfd], opens=True)
 
 
 def _reopen_proc(req, session, real: str, flags: int):
@@ -305,16 +404,11 @@ def _reopen_proc(req, session, real: str, flags: int):
         raise OSError(e.errno, e.strerror) from None
     cloexec = bool(flags & os.O_CLOEXEC)
     protection = session.protection
-    landlock_mode = protection.mode == "landlock"
+    oflags = flags & ~(os.O_NOCTTY | os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_CLOEXEC)
 
     def act():
-        fd = os.open(f"/proc/self/fd/{target}",
-                     (flags | os.O_CLOEXEC) & ~(os.O_NOCTTY | os.O_CREAT | os.O_EXCL))
-        if landlock_mode and flags & (os.O_ACCMODE | os.O_TRUNC):
-            why = protection.protected_object(fd, real)
-            if why is not None:
-                os.close(fd)
-                raise Denied(errno.EACCES, f"open: {why}")
+        fd = openat2(AT_FDCWD, f"/proc/self/fd/{target}", oflags | os.O_CLOEXEC, 0, 0)
+        _opened(fd, flags, real, protection)
         return Inject(fd, cloexec)
     return _confined_call(session, act, [target])
 
@@ -324,6 +418,8 @@ def _make(req, session, dirfd, path_arg, syscall, act_on):
     if real.startswith("/proc/"):
         raise Denied(errno.EACCES, f"{syscall}: {real}: nothing is created in /proc")
     _check(session, real, syscall)
+    if syscall != "mkdir":  # a directory of ours: what is created in it is checked
+        _takes_place(session, real, syscall)
     pfd, name = _parent(session, req, real)
     return _act(session, lambda: act_on(pfd, name) or 0, [pfd])
 
@@ -365,6 +461,7 @@ def _old_object(session, real: str, syscall: str) -> None:
 def _link(req, session, odirfd, oarg, ndirfd, narg, flags):
     new = _resolved(req, session, ndirfd, req.read_path(narg), False)
     _check(session, new, "link")
+    _takes_place(session, new, "link")
     npfd, nname = _parent(session, req, new)
     fds = [npfd]
     try:

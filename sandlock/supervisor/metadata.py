@@ -46,6 +46,10 @@ def _check(fd: int, session, pid: int = 0) -> None:
         raise Denied(errno.EPERM, f"{path} is in fs_denied")
     if not any(is_beneath(path, w) for w in policy.fs_writable):
         raise Denied(errno.EPERM, f"{path} is outside fs_writable")
+    prot = session.protection
+    if prot is not None and ((st.st_dev, st.st_ino) in prot.identities or
+                             prot.refusal(path) is not None):
+        raise Denied(errno.EPERM, f"{path} is one of the user's protected files")
 
 
 def _on_overlay(fd: int, workdir: str, pid: int) -> bool:
