@@ -21,8 +21,8 @@ $(BIN)/.installed: pyproject.toml scripts/setup-system
 
 helper: $(HELPER) $(FORKLOOP) $(FASTCONNECT)
 
-$(HELPER): sandlock/_libexec/sandlock-exec.c
-	cc -O2 -Wall -Wextra -Werror -static -o $@ $<
+$(HELPER): sandlock/_libexec/sandlock-exec.c sandlock/_libexec/sandlock-init.c sandlock/_libexec/sandlock-init.h
+	cc -O2 -Wall -Wextra -Werror -static -o $@ sandlock/_libexec/sandlock-exec.c sandlock/_libexec/sandlock-init.c
 
 $(FORKLOOP): sandlock/_libexec/forkloop.c
 	cc -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<

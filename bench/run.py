@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness import BENCH, ensure_setup
 
-BENCHMARKS = ["startup", "connect", "redis_bench", "policy_fn", "http_filter", "cow"]
+BENCHMARKS = ["startup", "connect", "redis_bench", "policy_fn", "http_filter", "cow", "limits"]
 RESULTS = BENCH / "results"
 
 

@@ -43,6 +43,8 @@ FIELD_FLAGS = {
     "max_disk": "--max-disk", "on_exit": "--on-exit", "on_error": "--on-error",
     "workspace_backend": "--workspace-backend", "env": "--env", "name": "--name",
     "net_allow/net_deny": "--allow/--deny",
+    "max_memory": "-m/--max-memory", "max_processes": "-P/--max-processes",
+    "max_cpu": "--max-cpu", "cpu_cores": "--cpu-cores",
 }
 
 
@@ -74,6 +76,10 @@ def flag_named(message: str, a, file_fields: dict) -> str:
     flag's name."""
     field, sep, rest = message.partition(":")
     head = field.split(" ", 1)[0]
+    if head == "net_allow/net_deny":  # which list held the spec the message quotes
+        spec = field.split(" ", 1)[1].strip("'\"") if " " in field else ""
+        head = "net_deny" if spec in (a.net_deny or []) else "net_allow"
+        field = head + field[len("net_allow/net_deny"):]
     flag = FIELD_FLAGS.get(head)
     if flag is None or any(f in file_fields for f in head.split("/")):
         return message
@@ -107,6 +113,8 @@ def _flag_fields(a) -> dict:
         "name": a.name, "allow_degraded": a.allow_degraded or None,
         "workdir": a.workdir, "fs_storage": a.fs_storage, "max_disk": a.max_disk,
         "workspace_backend": a.workspace_backend,
+        "max_memory": a.max_memory, "max_processes": a.max_processes,
+        "max_cpu": a.max_cpu, "cpu_cores": a.cpu_cores,
         **({"on_exit": "abort", "on_error": "abort"} if a.dry_run else
            {k: v for k, v in (("on_exit", a.on_exit), ("on_error", a.on_error)) if v}),
     }
@@ -185,34 +193,6 @@ def _default_audit_path() -> str:
     return os.path.join(directory, "net-run-audit.jsonl")
 
 
-class _Foreground:
-    """Give the terminal to the sandbox's process group while it runs (so interactive
-    programs can read it), and take it back afterwards."""
-
-    def __init__(self, pgid: int):
-        self.fd = -1
-        try:
-            if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
-                self.fd = 0
-        except OSError:
-            pass
-        if self.fd >= 0:
-            self._swap(pgid)
-
-    def _swap(self, pgid: int) -> None:
-        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-        try:
-            os.tcsetpgrp(self.fd, pgid)
-        except OSError:
-            pass
-        finally:
-            signal.signal(signal.SIGTTOU, old)
-
-    def restore(self) -> None:
-        if self.fd >= 0:
-            self._swap(os.getpgrp())
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM ends the sandbox like Ctrl-C does
 
@@ -223,6 +203,9 @@ def _run(a, net_run: bool = False) -> int:
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         _say("error: no command given (usage: sandlock run [options] -- CMD)")
+        return EXIT_SANDLOCK
+    if getattr(a, "interactive", False) and not os.isatty(0):
+        _say("error: -i/--interactive: stdin is not a terminal")
         return EXIT_SANDLOCK
     try:
         sb, timeout = _sandbox_from_args(a, net_run, cmd)
@@ -244,7 +227,8 @@ def _run(a, net_run: bool = False) -> int:
         return EXIT_SANDLOCK
     if proc.exec_error:
         _say(f"{proc.exec_error}")
-    fg = _Foreground(proc.pid)
+    from .terminal import Foreground
+    fg = Foreground(proc.root)  # the root's process group: the program starts in it
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = proc.wait(timeout=timeout)
@@ -308,7 +292,9 @@ def _pipe(tokens: list[str]) -> int:
     stages, timeout = [], None
     try:
         for seg in segments:
-            args = parser.parse_args(["run", *seg])
+            args, extras = parser.parse_known_args(["run", *seg])
+            if extras:  # under `run`'s usage (a stage's options), with the closest option
+                parser.subcommands["run"].error(f"unrecognized arguments: {' '.join(extras)}")
             cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
             if not cmd:
                 _say("error: a pipeline stage has no command "

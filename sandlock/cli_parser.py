@@ -16,10 +16,10 @@ from . import __version__
 
 EXAMPLES = {
     "run": """examples:
-  sandlock run -- ls /                         system directories read-only, nothing else
+  sandlock run -- ls /usr                      system directories read-only, nothing else
   sandlock run -w . -- make                    the working directory writable
   sandlock run -r ~/data -t 60 -- python3 analyse.py
-  sandlock run --allow :443 -- curl https://example.com     TCP to port 443 only
+  sandlock run --allow example.com:443 -- curl https://example.com   that host only
   sandlock run --workdir . --dry-run -- sh -c 'sed -i s/a/b/ *.txt'   see, apply nothing
   sandlock run -v -- python3 app.py            print what the toolchain grants added
 """,
@@ -82,6 +82,9 @@ def add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="system directories only: do not grant the command's own "
                         "toolchain (pyenv, nvm, uv, ~/.local/bin ...) and ~/.gitconfig")
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="run on this terminal, in its foreground (job control, Ctrl-C, "
+                        "window size); the default when stdin is a terminal")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print every path granted beyond the flags, and why, and what of "
                         "the user's files is protected")
@@ -129,6 +132,15 @@ def add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="allow a group denied by default (sysv_ipc, process_group)")
     p.add_argument("--keep-cap", action="append", default=[], metavar="CAP",
                    help="when started as root, keep this capability (default: none)")
+    p.add_argument("-m", "--max-memory", metavar="SIZE",
+                   help="the sandbox's processes together: at most SIZE resident (e.g. 512M); "
+                        "past it an allocation fails, or every process is killed")
+    p.add_argument("-P", "--max-processes", type=int, metavar="N",
+                   help="at most N live processes (a fork past it fails with EAGAIN)")
+    p.add_argument("--max-cpu", type=int, metavar="PERCENT",
+                   help="CPU time of the whole sandbox, in percent of one core")
+    p.add_argument("--cpu-cores", metavar="LIST",
+                   help="the CPUs it may run on, e.g. 0,2-3")
     p.add_argument("-t", "--timeout", type=float, metavar="SECONDS",
                    help="kill the whole sandbox after SECONDS (exit status 124)")
     p.add_argument("--env", action="append", default=[], metavar="K=V",

@@ -45,6 +45,8 @@ class Confinement:
     # sockets); False where pidfd_getfd is refused: unix sockets are then refused instead.
     net_supervised: bool = False
     notices: tuple[str, ...] = ()  # what this system does differently, said to the user
+    cores: tuple[int, ...] = ()  # cpu_cores: set on the program before it starts
+    control_lines: tuple[bytes, ...] = ()  # limits the sandbox's root applies (limits.py)
     _policy: Policy | None = None
     _abi: int = 0
 
@@ -173,6 +175,12 @@ def build(policy: Policy) -> Confinement:
         limits.append((resource.RLIMIT_CORE, 0, 0))
     if policy.max_open_files is not None:
         limits.append((resource.RLIMIT_NOFILE, policy.max_open_files, policy.max_open_files))
+    lim = policy.limits
+    if lim is not None and lim.memory:
+        limits.append((resource.RLIMIT_DATA, lim.memory, lim.memory))
+    if lim is not None and lim.processes and not supervised:
+        raise PolicyError("max_processes needs the supervisor, which this kernel cannot run "
+                          "(see `sandlock check`)")
     if policy.net_supervised and not supervised and not (
             policy.tcp_by_landlock and not policy.udp and not policy.icmp):
         raise PolicyError("network rules naming hosts, addresses, UDP or ICMP need the "
@@ -225,7 +233,9 @@ def build(policy: Policy) -> Confinement:
                                         overlay=policy.workspace is not None
                                         and policy.workspace.backend == "overlay",
                                         guard=guard, unix_pairs_only=unix_pairs_only,
-                                        listen=listen)
+                                        listen=listen,
+                                        count_forks=bool(lim and lim.processes),
+                                        pin_cpus=bool(lim and lim.cores))
     workspace = policy.workspace is not None
     overlay = workspace and policy.workspace.backend == "overlay"
     return Confinement(
@@ -242,6 +252,7 @@ def build(policy: Policy) -> Confinement:
                         if overlay else 0),
         protect_fd=protect_fd, guard=guard, write_roots=write_roots,
         send_listener=not net_supervised, net_supervised=net_supervised,
-        notices=tuple(notices),
+        notices=tuple(notices), cores=lim.cores if lim is not None else (),
+        control_lines=tuple(lim.control_lines()) if lim is not None else (),
         _policy=policy if workspace else None, _abi=kf.landlock_abi,
     )

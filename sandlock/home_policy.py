@@ -129,6 +129,7 @@ class HomePlan:
     named: tuple[str, ...]         # what the user named (exempt)
     roots: tuple[str, ...] = ()    # writable grant directories (.envrc & co. refused there)
     homes: tuple[str, ...] = ()    # the homes protected (the user's; as root, every one)
+    named_write: tuple[str, ...] = ()  # named in a writable grant: what is beneath is theirs
 
     @property
     def empty(self) -> bool:
@@ -327,4 +328,4 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
             readonly.append(p)
     return HomePlan(tuple(dict.fromkeys(hidden)), tuple(dict.fromkeys(readonly)),
                     tuple(dict.fromkeys(guarded)), tuple(dict.fromkeys(repos)), tuple(named),
-                    tuple(roots), tuple(all_homes))
+                    tuple(roots), tuple(all_homes), named_write)

@@ -31,19 +31,24 @@ STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
          "no_new_privs", "landlock_restrict_self", "reading the seccomp program", "seccomp",
          "handshake", "close-on-exec", "execve", "subreaper", "user namespace",
          "uid/gid map", "mount propagation", "overlay mount", "overlay Landlock rule",
-         "protecting the user's files")
+         "protecting the user's files", "child", "fork")
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
-_FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF, _FD_PROTECT = 3, 4, 5, 6, 7
+_FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF, _FD_PROTECT, _FD_CONTROL = 3, 4, 5, 6, 7, 8
 SETUP_TIMEOUT = 10.0
 
 
 class Spawned:
-    """A started sandboxed process: its pid, a pidfd for its exit, any exec error."""
+    """A started sandbox: the program's pid; its root (sandlock-init.c: the parent that
+    keeps the tree and ends as the program ended), a pidfd on the root and the root's
+    control socket (limits in, the reason of an end it decided out); any exec error."""
 
-    def __init__(self, pid: int, pidfd: int, exec_error: str | None):
+    def __init__(self, pid: int, root: int, pidfd: int, control: socket.socket,
+                 exec_error: str | None):
         self.pid = pid
+        self.root = root
         self.pidfd = pidfd
+        self.control = control
         self.exec_error = exec_error
 
 
@@ -102,9 +107,9 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
           run_rules: dict | None = None, ruleset_ready=None) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit).
 
-    `attach(listener_fd, pid)` hands our duplicate of the listener to the supervisor; it
-    runs while the trampoline waits, before the program is exec'd. `pid` is also the
-    sandbox's process group. `ruleset_ready(fd)` sees the run's Landlock ruleset before
+    `attach(listener_fd, root)` hands our duplicate of the listener to the supervisor; it
+    runs while the trampoline waits, before the program is exec'd. `root` is the pid of
+    the sandbox's root (sandlock-init.c): every process of the sandbox descends from it. `ruleset_ready(fd)` sees the run's Landlock ruleset before
     the start (the guard's confined threads keep a duplicate).
     """
     if not os.access(HELPER, os.X_OK):
@@ -129,6 +134,10 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
     status, child_status = socket.socketpair(socket.AF_UNIX,
                                              socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     status_w = child_status.detach()
+    control, root_control = socket.socketpair(socket.AF_UNIX,
+                                              socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    for line in conf.control_lines:  # queued: the root reads them before the program runs
+        control.send(line)
     ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
     ruleset_fd = ruleset.fd if ruleset is not None else conf.bpf_fd
     placements = [(fd, i) for i, fd in enumerate(stdio) if fd >= 0]
@@ -136,6 +145,7 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
                    (conf.bpf_fd, _FD_BPF)]
     if conf.protect_fd >= 0:
         placements.append((conf.protect_fd, _FD_PROTECT))
+    placements.append((root_control.fileno(), _FD_CONTROL))
     try:
         pid = os.posix_spawn(
             HELPER, _helper_argv(conf, ruleset, exe, argv, cwd, overlay), env,
@@ -146,13 +156,22 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
         for fd in (status_w, ack_r, ack_w):
             os.close(fd)
         status.close()
+        control.close()
+        root_control.close()
         raise SandboxError(f"starting the sandbox failed: posix_spawn: {e.strerror}") from None
     os.close(status_w)
     os.close(ack_r)
+    root_control.close()
     pidfd = -1
     passed: list[int] = []
     try:
         pidfd = pidfd_open(pid)
+        rec = _read_record(status, SETUP_TIMEOUT, passed)
+        if rec is None or rec[0] != _STEP["child"]:
+            raise _setup_error(rec)
+        program = rec[1]
+        if conf.cores:  # inherited by everything it starts; the filter refuses changes
+            os.sched_setaffinity(program, conf.cores)
         rec = _read_record(status, SETUP_TIMEOUT, passed)
         if rec is None or rec[0] != _STEP["listener"]:
             raise _setup_error(rec)
@@ -161,7 +180,11 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
                 raise SandboxError("the sandbox did not pass its seccomp listener")
             listener = passed.pop()
         else:
-            listener = pidfd_getfd(pidfd, rec[1])
+            program_fd = pidfd_open(program)
+            try:
+                listener = pidfd_getfd(program_fd, rec[1])
+            finally:
+                os.close(program_fd)
         attach(listener, pid)
         os.write(ack_w, b"\x01")
         os.close(ack_w)
@@ -174,8 +197,9 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
             exec_error = f"execve {os.fsdecode(exe)}: {os.strerror(rec[1])}"
             if rec[1] == errno.EACCES:
                 exec_error += " (is it, and its interpreter, beneath fs_readable?)"
-        return Spawned(pid, pidfd, exec_error)
+        return Spawned(program, pid, pidfd, control, exec_error)
     except BaseException as e:
+        control.close()
         _kill_and_reap(pid, pidfd)
         if isinstance(e, TimeoutError):
             raise SandboxError(f"sandbox setup did not finish within {SETUP_TIMEOUT:.0f}s; "

@@ -129,6 +129,7 @@ class Policy:
     write_excluded: tuple = ()       # paths writable grants must not cover (fs_rules)
     protection: object = None        # home_policy.HomePlan (protect_user_files), or None
     protect_mode: str = ""           # "mounts" or "landlock" (sandlock.protect)
+    limits: object = None            # sandlock.limits.Limits
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -136,8 +137,7 @@ class Policy:
 _NOT_YET = {
     "net_deny_bind": "bind deny rules",
     "port_remap": "port remapping",
-    "max_memory": "resource limits", "max_processes": "resource limits",
-    "max_cpu": "resource limits", "cpu_cores": "resource limits", "num_cpus": "resource limits",
+    "num_cpus": "a virtual CPU count",
     "random_seed": "determinism controls", "time_start": "determinism controls",
     "no_randomize_memory": "determinism controls", "no_huge_pages": "determinism controls",
     "deterministic_dirs": "determinism controls",
@@ -311,10 +311,6 @@ def parse_runtime(fields: dict, deny_syscalls: frozenset[str]):
         if e not in EVENT_KINDS:
             raise PolicyError(f"policy_fn_events: unknown event kind {e!r} (choose from "
                               f"{', '.join(EVENT_KINDS)})")
-    if "setsid" not in deny_syscalls or "setpgid" not in deny_syscalls:
-        raise PolicyError("policy_fn freezes the sandbox's process group while it inspects "
-                          "an exec; extra_allow_syscalls=['process_group'] would let "
-                          "processes leave it: remove one of them")
     return fn, float(timeout), frozenset(events)
 
 
@@ -402,6 +398,11 @@ def parse_size(value, field: str) -> int | None:
         raise PolicyError(f"{field}: expected a size such as 512M, 2G or a number of bytes, "
                           f"got {value!r}")
     return int(n)
+
+
+def parse_limits(fields: dict):
+    from .limits import parse_limits as parse
+    return parse(fields)
 
 
 def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
@@ -515,6 +516,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         workspace=workspace, write_excluded=write_excluded,
         private_tmp=_private_tmp(fields.get("private_tmp"), workspace),
         protection=protection, protect_mode=protect_mode,
+        limits=parse_limits(fields),
     )
 
 

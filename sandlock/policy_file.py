@@ -14,6 +14,7 @@ current directory and `~` is expanded, as a shell would for the same paths on th
     audit: {file: audit.jsonl, allowed: false}
     process: {env: {K: V}, clean_env: false, cwd: ., timeout: 60}
     syscalls: {deny: [...], allow: [sysv_ipc]}
+    limits: {memory: 512M, processes: 64, cpu: 50, cpu_cores: "0-3", open_files: 1024}
     workspace: {workdir: ., storage: ~/.cache/sandlock/cow, max_disk: 1G,
                 on_exit: commit, on_error: abort, backend: auto}
 
@@ -55,6 +56,9 @@ SCHEMA = {
     "workspace": {"workdir": (STR, "workdir"), "storage": (STR, "fs_storage"),
                   "max_disk": (SIZE, "max_disk"), "on_exit": (STR, "on_exit"),
                   "on_error": (STR, "on_error"), "backend": (STR, "workspace_backend")},
+    "limits": {"memory": (SIZE, "max_memory"), "processes": (NUM, "max_processes"),
+               "cpu": (NUM, "max_cpu"), "cpu_cores": (STR, "cpu_cores"),
+               "open_files": (NUM, "max_open_files")},
     "syscalls": {"deny": (STRLIST, "extra_deny_syscalls"),
                  "allow": (STRLIST, "extra_allow_syscalls")},
 }

@@ -17,13 +17,25 @@ import weakref
 
 
 def _remove(path: str) -> None:
-    def onerror(func, p, exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            func(p)
-        except OSError:
-            pass
-    shutil.rmtree(path, onerror=onerror)
+    """Remove `path` and what the sandbox left in it, making the directories it locked
+    (mode 0) ours to empty first: only `path` and what lies beneath it, never `path`'s
+    parent (the host's /tmp)."""
+    top = os.path.realpath(path)
+    if not os.path.isdir(top) or os.path.islink(path):
+        return
+    try:
+        os.chmod(top, 0o700)
+    except OSError:
+        pass
+    for dirpath, dirnames, _ in os.walk(top):  # top-down: unlocked before entered
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            if not os.path.islink(p):
+                try:
+                    os.chmod(p, 0o700)
+                except OSError:
+                    pass
+    shutil.rmtree(top, ignore_errors=True)
 
 
 class PrivateTmp:

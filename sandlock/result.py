@@ -11,6 +11,7 @@ class ExitReason(enum.IntEnum):
     SIGNALED = 1
     KILLED = 2
     TIMEOUT = 3
+    MEMORY = 4  # the sandbox's processes together went past max_memory: all were killed
 
 
 @dataclass

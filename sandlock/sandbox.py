@@ -11,13 +11,15 @@ import io
 import os
 import selectors
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from . import confinement as _confinement
-from . import launch, syscall_filter
+from . import launch, process_tree, syscall_filter
+from ._kernel.pidfd import pidfd_send_signal
 from .errors import PolicyError, SandlockError
 from .fs_rules import is_beneath
 from .policy import Policy, build_policy
@@ -224,8 +226,11 @@ class Sandbox:
     @property
     def notices(self) -> tuple[str, ...]:
         """What this system does differently for this policy without losing protection
-        (e.g. UDP refused where the supervisor cannot act on sockets)."""
-        return self._confinement().notices
+        (e.g. UDP refused where the supervisor cannot act on sockets, a workspace backend
+        that fell back, and why)."""
+        ws = self._policy.workspace
+        extra = (ws.notice,) if ws is not None and getattr(ws, "notice", None) else ()
+        return self._confinement().notices + extra
 
     @property
     def degradations(self) -> tuple[str, ...]:
@@ -267,6 +272,9 @@ class Sandbox:
             runtime = Runtime(policy.policy_fn, policy.policy_fn_timeout,
                               policy.runtime_events, self._audit_log(), policy.name)
         session = Session(policy, policy.name, net, runtime)
+        if policy.limits is not None and policy.limits.processes:
+            from .supervisor.forks import ForkBudget
+            session.forks = ForkBudget(policy.limits.processes)
         workspace = _Workspace.start(policy, self.on_exit, self.on_error, session)
         session.overlay = workspace is not None and workspace.overlay is not None
         session.own_mounts = session.overlay or conf.protect_fd >= 0
@@ -306,6 +314,8 @@ class Sandbox:
             for fd in to_close:
                 os.close(fd)
         proc = Process(spawned, session, parent_ends, workspace)
+        if runtime is not None:
+            runtime.on_limits = proc._lower_limits
         if tmpdir is not None:
             proc._cleanup.append(lambda tmp=self._tmp: tmp.end_run(tmpdir))
         return proc
@@ -325,6 +335,29 @@ class Sandbox:
             return Result(success=False, exit_code=127, error=str(e))
         with proc:
             return proc.communicate(input=input, timeout=timeout)
+
+    def run_interactive(self, cmd: Sequence[str], timeout: float | None = None) -> Result:
+        """Run `cmd` on this process's terminal, in its foreground (sandlock.terminal): it
+        reads the terminal, Ctrl-C/Ctrl-Z and window-size changes reach it, a shell inside
+        has job control; the terminal is given back when it ends. Output is not captured."""
+        if timeout is None:
+            timeout = self._default_timeout
+        try:
+            proc = self.popen(cmd)
+        except CommandNotFound as e:
+            return Result(success=False, exit_code=127, error=str(e))
+        from .terminal import Foreground
+        fg = Foreground(proc.root)
+        try:
+            try:
+                proc.wait(timeout)
+            except TimeoutError:
+                proc.time_out()
+                proc.wait()
+        finally:
+            fg.restore()
+        with proc:
+            return proc.communicate()
 
     def fork(self, n: int, timeout: float | None = None):
         """COW fork: run init_fn once confined, then `n` copy-on-write clones of that
@@ -438,7 +471,10 @@ class Process:
                  workspace: "_Workspace | None" = None):
         self._workspace = workspace
         self.pid = spawned.pid
-        self._pidfd = spawned.pidfd
+        self.root = spawned.root  # sandlock-init.c: keeps and ends the process tree
+        self._pidfd = spawned.pidfd  # the root's: it ends as the program ended
+        self._control = spawned.control
+        self._memory: int | None = None  # max_memory lowered by a policy_fn
         self._exec_error = spawned.exec_error
         self._session = session
         self._stdin_fd, self._stdout_fd, self._stderr_fd = parent_ends
@@ -460,41 +496,40 @@ class Process:
         p = select_poll(self._pidfd)
         return bool(p.poll(None if timeout is None else max(0, int(timeout * 1000))))
 
-    def _signal_group(self, sig: int) -> None:
-        if self._status is None:
+    def _end(self) -> None:
+        """Ask the root to end the whole tree (it stops every member, kills them, reaps
+        them, then ends as killed)."""
+        if self._status is None and self._pidfd >= 0:
             try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
+                pidfd_send_signal(self._pidfd, signal.SIGTERM)
+            except OSError:
                 pass
 
     def kill(self) -> None:
         self._killed_by_us = self._killed_by_us or ExitReason.KILLED
-        self._signal_group(signal.SIGKILL)
+        self._end()
 
     def time_out(self) -> None:
         """Kill the whole sandbox because its time is up (reason TIMEOUT), unless it has
-        already ended. Under the reaping lock: the group id is still this sandbox's."""
+        already ended."""
         with self._lock:
             if self._status is None and self._killed_by_us is None and not self._exited(0):
                 self._killed_by_us = ExitReason.TIMEOUT
-                self._signal_group(signal.SIGKILL)
+                self._end()
 
     def pause(self) -> None:
-        self._signal_group(signal.SIGSTOP)
+        if self._status is None:
+            process_tree.signal_members(self.root, signal.SIGSTOP)
 
     def resume(self) -> None:
-        self._signal_group(signal.SIGCONT)
+        if self._status is None:
+            process_tree.signal_members(self.root, signal.SIGCONT)
 
     def _reap(self) -> tuple[ExitReason, int, int]:
-        """Collect the exit status. Stragglers in the group are killed while the main
-        process is still a zombie, so its pid (the group id) cannot be reused meanwhile."""
+        """Collect the exit status: the root's, which ends only once every process of the
+        sandbox is gone, as the program ended."""
         with self._lock:
             if self._status is None:
-                os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOWAIT)
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
                 os.close(self._pidfd)
                 self._pidfd = -1
@@ -502,6 +537,9 @@ class Process:
                     status = (ExitReason.EXITED, info.si_status, -1)
                 else:
                     status = (ExitReason.SIGNALED, -1, info.si_status)
+                decided = self._root_reason()
+                if decided is not None and self._killed_by_us is None:
+                    self._killed_by_us = decided
                 if self._killed_by_us is not None:
                     status = (self._killed_by_us,) + status[1:]
                 self._status = status
@@ -518,6 +556,40 @@ class Process:
                     self._workspace.finish(self._session, status[0] == ExitReason.EXITED
                                            and status[1] == 0)
             return self._status
+
+    def _lower_limits(self, memory: int | None = None, processes: int | None = None) -> None:
+        """A policy_fn's restrict_max_memory / restrict_max_processes (lower only)."""
+        if processes is not None:
+            if self._session.forks is None:
+                raise SandlockError("restrict_max_processes: forks are counted only in a "
+                                    "sandbox started with max_processes")
+            self._session.forks.lower(processes)
+        if memory is not None:
+            current = self._session.policy.limits.memory if self._session.policy.limits \
+                else None
+            memory = min(memory, current or memory, self._memory or memory)
+            self._memory = memory
+            try:
+                self._control.send(b"memory %d" % memory)
+            except OSError:
+                pass
+            import resource
+            for pid in process_tree.members(self.root):
+                try:  # from the next allocation of each live process
+                    soft, hard = resource.prlimit(pid, resource.RLIMIT_DATA)
+                    if hard == resource.RLIM_INFINITY or hard > memory:
+                        resource.prlimit(pid, resource.RLIMIT_DATA, (memory, memory))
+                except OSError:
+                    pass
+
+    def _root_reason(self) -> "ExitReason | None":
+        """Why the root ended the sandbox itself, if it did: 'M' past max_memory."""
+        try:
+            data = self._control.recv(16, socket.MSG_DONTWAIT)
+        except OSError:
+            data = b""
+        self._control.close()
+        return ExitReason.MEMORY if b"M" in data else None
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for exit; returns the exit code (negative signal number if signalled).
@@ -594,7 +666,7 @@ class Process:
         finally:
             sel.close()
         if self._status is None:
-            self._signal_group(signal.SIGKILL)
+            self._end()
         reason, code, sig = self._reap()
         result = Result(success=(reason == ExitReason.EXITED and code == 0),
                         exit_code=code, stdout=bytes(out), stderr=bytes(err),
@@ -623,7 +695,11 @@ class Process:
         if self._exec_error:
             return self._exec_error
         if reason == ExitReason.TIMEOUT:
-            return "timed out; the sandbox's process group was killed"
+            return "timed out; every process of the sandbox was killed"
+        if reason == ExitReason.MEMORY:
+            limit = self._memory or self._session.policy.limits.memory
+            return (f"its processes together went past max_memory ({limit} bytes); every "
+                    f"process of the sandbox was killed")
         return None
 
     # -- the PIPED streams --

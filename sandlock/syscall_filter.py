@@ -46,8 +46,6 @@ DEFAULT_DENY = (
     # Mounts, roots and namespaces.
     "mount", "umount2", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
     "open_tree", "open_tree_attr", "mount_setattr", "pivot_root", "chroot", "unshare", "setns",
-    # Leaving the sandbox's process group would let a process outlive the sandbox's kill.
-    "setsid", "setpgid",
 )
 
 SYSCALL_GROUPS = {
@@ -267,7 +265,8 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
                    runtime_events: frozenset = frozenset(), cow: bool = False,
                    deny_unix: bool = False, deny_listen: bool = False,
                    overlay: bool = False, guard: str = "", unix_pairs_only: bool = False,
-                   listen: str = "notify") -> bytes:
+                   listen: str = "notify", count_forks: bool = False,
+                   pin_cpus: bool = False) -> bytes:
     """The BPF program as bytes (struct sock_filter array); cached per argument set.
 
     supervised=False (a kernel without the supervisor's features, allowed as degraded)
@@ -285,10 +284,12 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
     AF_UNIX sockets but connected stream/seqpacket pairs (socketpair), so that no pathname
     socket is ever reached unchecked. listen: "notify" (the supervisor checks the socket is
     bound), "allow" (any port may be bound anyway) or "deny" (no port may be bound, and a
-    listen() would bind one).
+    listen() would bind one). count_forks (max_processes) sends clone/fork/vfork to the
+    supervisor (supervisor.forks); pin_cpus (cpu_cores) refuses sched_setaffinity.
     """
     key = (deny, supervised, deny_inet, net_supervised, udp, icmp, runtime_events, cow,
-           deny_unix, deny_listen, overlay, guard, unix_pairs_only, listen)
+           deny_unix, deny_listen, overlay, guard, unix_pairs_only, listen, count_forks,
+           pin_cpus)
     bpf = _compiled.get(key)
     if bpf is None:
         bpf = _compiled[key] = _compile(*key)
@@ -298,7 +299,8 @@ def compile_filter(deny: frozenset[str], supervised: bool = True,
 def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_supervised: bool,
              udp: bool, icmp: bool, runtime_events: frozenset, cow: bool,
              deny_unix: bool, deny_listen: bool, overlay: bool, guard: str,
-             unix_pairs_only: bool, listen: str) -> bytes:
+             unix_pairs_only: bool, listen: str, count_forks: bool,
+             pin_cpus: bool) -> bytes:
     sc = _seccomp()
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
@@ -319,7 +321,8 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
                       | (set(COW_SYSCALLS) if cow else set())
                       | (set(OVERLAY_SYSCALLS) if overlay else set())
                       | (set(GUARD_NAME_CALLS) if guard else set())
-                      | (set(GUARD_LANDLOCK_CALLS) if guard == "landlock" else set()))
+                      | (set(GUARD_LANDLOCK_CALLS) if guard == "landlock" else set())
+                      | ({"clone", "fork", "vfork"} if count_forks else set()))
     if guard:
         bits = (_O_CREAT,) if guard == "mounts" else (_O_CREAT, _O_WRONLY, _O_RDWR, _O_TRUNC)
         for name, arg in GUARD_OPEN_FLAGS.items():
@@ -356,7 +359,10 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
     # nor the scopes see them): only the caller itself (0) may be named. prlimit on the
     # parent could otherwise kill the supervisor (RLIMIT_CPU) and orphan the sandbox.
     f.add_rule(eperm, "prlimit64", sc.Arg(0, sc.NE, 0))
-    for name, arg in (("setpriority", 1), ("ioprio_set", 1), ("sched_setaffinity", 0),
+    if pin_cpus:  # cpu_cores: the affinity set before the start is the sandbox's for good
+        f.add_rule(eperm, "sched_setaffinity")
+    for name, arg in (("setpriority", 1), ("ioprio_set", 1),
+                      *((("sched_setaffinity", 0),) if not pin_cpus else ()),
                       ("sched_setscheduler", 0), ("sched_setparam", 0), ("sched_setattr", 0)):
         f.add_rule(eperm, name, sc.Arg(arg, sc.NE, 0))
     # ... and never "every process of this user" (PRIO_USER, IOPRIO_WHO_USER).

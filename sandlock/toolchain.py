@@ -146,8 +146,22 @@ def _follow(program: str, g: _Grants, path_env: str, cwd, why: str, depth: int =
             continue
 
 
+def _venv_of(path: str) -> str | None:
+    """The Python virtualenv a program or bin/ directory belongs to (its pyvenv.cfg)."""
+    d = path if os.path.isdir(path) else os.path.dirname(path)
+    root = os.path.dirname(d) if os.path.basename(d) == "bin" else None
+    if root and os.path.isfile(os.path.join(root, "pyvenv.cfg")):
+        return root
+    return None
+
+
 def _grant_for(path: str, g: _Grants, why: str) -> None:
-    """The installation tree of one hop: its manager's root, else the prefix above bin/."""
+    """The installation tree of one hop: its manager's root, else the prefix above bin/.
+    A virtualenv is granted wherever it is (an activated /tmp/venv too)."""
+    venv = _venv_of(path)
+    if venv is not None and not is_beneath(venv, g.home):
+        g.add(venv, f"{why}: virtualenv")
+        return
     if not is_beneath(path, g.home) and not any(is_beneath(path, r)
                                                 for _, r in SYSTEM_MANAGERS):
         return  # system directories are granted anyway
@@ -174,7 +188,10 @@ def toolchain_grants(argv0: str | None, env=None, cwd: str | None = None,
             continue
         real = os.path.realpath(entry)
         managed = g.manager_of(real)
-        if managed is not None:
+        venv = _venv_of(entry)
+        if venv is not None:
+            g.add(venv, f"PATH entry {entry} (virtualenv)")
+        elif managed is not None:
             g.add(managed[1], f"PATH entry {entry} ({managed[0]})")
         elif is_beneath(real, home) and real != home:
             g.add(real, f"PATH entry {entry}")

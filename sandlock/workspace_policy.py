@@ -158,11 +158,6 @@ def parse_workspace(fields: dict, readable, writable, denied):
             raise PolicyError(f"fs_denied {d} is inside the workdir {wd}: not supported with "
                               f"a copy-on-write workdir; deny the workdir's parent instead")
     max_disk = parse_size(fields.get("max_disk"), "max_disk")
-    allowed = fields.get("extra_allow_syscalls") or ()
-    if "process_group" in allowed or any(n in allowed for n in ("setsid", "setpgid")):
-        raise PolicyError("extra_allow_syscalls process_group with a workdir: a process "
-                          "outside the sandbox's group could change the layer while it is "
-                          "committed")
     storage = os.path.realpath(os.fsdecode(fields.get("fs_storage") or default_storage()))
     if is_beneath(storage, wd) or is_beneath(wd, storage):
         raise PolicyError(f"fs_storage {storage} and workdir {wd} must not contain each other")

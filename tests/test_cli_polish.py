@@ -31,7 +31,7 @@ def test_errors_name_the_flag_the_user_typed(tmp_path):
     assert r.returncode == 125 and not marker.exists()
     assert r.stderr == "sandlock: error: -r/--fs-read /no/such/dir: does not exist\n"
     r = cli("run", "--allow", "bad::spec", "--", "touch", str(marker))
-    assert r.returncode == 125 and r.stderr.startswith("sandlock: error: --allow/--deny ")
+    assert r.returncode == 125 and r.stderr.startswith("sandlock: error: --allow 'bad::spec'")
     assert "net_allow" not in r.stderr and not marker.exists()
     r = cli("run", "--net-allow-bind", "99999", "--", "touch", str(marker))
     assert "--net-allow-bind '99999': port 99999 is outside 1-65535" in r.stderr

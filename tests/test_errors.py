@@ -39,7 +39,7 @@ def test_policy_errors_name_the_problem(kwargs, fragment):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("port_remap", {80: 8080}), ("max_memory", "512M"),
+    ("port_remap", {80: 8080}), ("num_cpus", 2),
     ("uid", 1000),
 ])
 def test_fields_of_later_mechanisms_are_refused_not_ignored(field, value):

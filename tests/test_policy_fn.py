@@ -181,7 +181,7 @@ def test_freeze_that_cannot_be_established_denies_the_exec():
     proc = sb.popen(["/bin/sh", "-c", "sleep 30 & read x; /bin/true; echo rc=$?; read x; "
                      "/bin/true; echo rc=$?; kill $!"],
                     stdin=StdioMode.PIPED, stdout=StdioMode.PIPED)
-    bystander = _group_member(proc.pid, b"sleep")
+    bystander = _group_member(proc.root, b"sleep")  # the program starts in its root's group
     seized, release, released = threading.Event(), threading.Event(), threading.Event()
 
     def tracer():  # a tracer thread of our own; its tracee is detached when it ends
@@ -386,9 +386,30 @@ def test_process_events_in_order():
     assert ("exit_group", shell) in [(e[0], e[1]) for e in events]
 
 
-def test_process_group_escape_conflicts_with_policy_fn():
-    with pytest.raises(PolicyError, match="process group"):
-        sandbox(policy_fn=lambda e, c: None, extra_allow_syscalls=["process_group"])
+def test_a_process_in_a_session_of_its_own_is_frozen_too():
+    """setsid is allowed: membership is the process tree, so the freeze around an exec
+    decision also stops a member that left the program's process group and session."""
+    from sandlock import StdioMode
+    from sandlock.process_tree import members
+    seen, holder = [], {}
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and (event.path or "").endswith("/true") and \
+                "root" in holder:
+            for pid in members(holder["root"]):
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+                comm = stat[stat.index(b"(") + 1:stat.rindex(b")")]
+                if comm == b"sleep":
+                    fields = stat[stat.rindex(b")") + 2:].split()
+                    seen.append((fields[0], int(fields[3]) != holder["root"]))
+    sb = sandbox(policy_fn=fn, policy_fn_events=["exec"])
+    proc = sb.popen(["/bin/sh", "-c", "setsid sleep 30 & sleep 0.5; /bin/true; kill $!"],
+                    stdout=StdioMode.PIPED)
+    holder["root"] = proc.root
+    r = proc.communicate(timeout=20)
+    assert r.success, r.stderr
+    assert seen == [(b"t", True)], seen  # traced stop, in a process group not the root's
 
 
 @pytest.mark.parametrize("kw, fragment", [
@@ -492,9 +513,9 @@ def test_bind_with_af_unspec_still_reaches_the_callback():
     assert r.stdout.decode().split() == [str(errno.EPERM)] and seen == [port]
 
 
-def test_orphans_are_still_frozen_after_the_program_exits(tmp_path):
-    """The program exits first; its orphaned child later execs: found by the process-group
-    scan, frozen, judged, and run."""
+def test_orphans_end_with_the_program(tmp_path):
+    """The program exits first: its orphaned child is ended with it (the root ends the
+    tree), before it can exec anything the callback never saw."""
     out = tmp_path / "out"
     os.chmod(tmp_path, 0o777)
     seen = []
@@ -503,15 +524,12 @@ def test_orphans_are_still_frozen_after_the_program_exits(tmp_path):
         if event.argv and event.argv[0] == "/bin/echo":
             seen.append(event.argv)
     sb = sandbox(fs_writable=[str(tmp_path)], policy_fn=fn, policy_fn_events=["exec"])
-    proc = sb.popen(["/bin/sh", "-c", f"(sleep 0.4; /bin/echo orphan-ran > {out}) & exit 0"])
-    try:
-        deadline = time.monotonic() + 10
-        while not (out.exists() and out.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert out.read_text() == "orphan-ran\n"
-        assert seen == [("/bin/echo", "orphan-ran")]
-    finally:
-        proc.close()
+    r = sb.run(["/bin/sh", "-c", f"(sleep 0.4; /bin/echo orphan-ran > {out}) & exit 0"])
+    assert r.success
+    time.sleep(0.8)
+    assert not out.exists() and seen == []
+    r = sb.run(["/bin/sh", "-c", f"/bin/echo ran > {out}"])  # the control
+    assert out.read_text() == "ran\n" and seen == [("/bin/echo", "ran")]
 
 
 # -- the kernel writes into argv after it was read (review finding 1) --------------------

@@ -57,11 +57,19 @@ def test_background_process_cannot_outlive_the_sandbox(tmp_path):
     assert not pid_alive(int(pidfile.read_text()))
 
 
-def test_setsid_escape_is_blocked():
-    code = ("import subprocess\ntry:\n subprocess.Popen(['sleep', '60'], start_new_session=True)"
-            "\n print('escaped')\nexcept OSError as e: print('blocked', e.errno)")
-    r = run_py(sandbox(), code)
-    assert r.stdout.split()[0] == b"blocked"
+def test_a_new_session_is_still_ended_with_the_sandbox(tmp_path):
+    """setsid and setpgid are allowed (job control needs them); a process that made a
+    session of its own is still a member of the sandbox and ends with it."""
+    pidfile = tmp_path / "pid"
+    os.chmod(tmp_path, 0o777)
+    code = ("import os, subprocess, sys\n"
+            "p = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+            "os.setpgid(0, 0)\n"
+            "open(sys.argv[1], 'w').write(str(p.pid))\n"
+            "print(os.getsid(p.pid) == p.pid, os.getpgid(0) == os.getpid())\n")
+    r = run_py(sandbox(fs_writable=[str(tmp_path)]), code, str(pidfile))
+    assert r.success and r.stdout == b"True True\n", r.stderr
+    assert not pid_alive(int(pidfile.read_text()))
 
 
 def test_env_and_clean_env(monkeypatch):
@@ -260,3 +268,50 @@ def test_sandboxes_end_when_the_supervising_process_exits(tmp_path):
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(pid)
+
+
+def _with_tag(tag: bytes) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if tag in f.read():
+                        out.append(int(name))
+            except OSError:
+                pass
+    return [p for p in out if pid_alive(p)]
+
+
+def test_a_double_forked_daemon_is_killed_at_the_end(tmp_path):
+    tag = f"daemon-{os.getpid()}"
+    r = sandbox().run(["sh", "-c", f"(setsid sh -c 'exec -a {tag} sleep 60' &) ; sleep 0.2; "
+                                   f"pgrep -f {tag} >/dev/null && echo started"], timeout=20)
+    assert r.stdout == b"started\n", r.stderr  # it ran, in a session of its own
+    time.sleep(0.2)
+    assert _with_tag(tag.encode()) == []
+
+
+FORK_RACE = r"""
+import os, sys, time
+depth = 0
+if os.fork() == 0:
+    while depth < 3:  # a tree of forks still growing when the program ends
+        pid = os.fork()
+        depth += 1
+        if pid and os.fork() == 0:
+            continue
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.0005 * (int(sys.argv[2]) % 10))
+"""
+
+
+def test_a_fork_tree_racing_the_final_kill_leaves_nothing_behind():
+    tag = f"forkrace-{os.getpid()}"
+    sb = sandbox()
+    for trial in range(200):
+        r = run_py(sb, FORK_RACE, tag, str(trial))
+        assert r.exit_code == 0, r.stderr
+        left = _with_tag(tag.encode())
+        assert left == [], (trial, left)

@@ -44,7 +44,7 @@ cases = {
   "personality_no_aslr": (135, 0x0040000), "personality_read_implies_exec": (135, 0x0400000),
   "tiocsti": (16, 0, 0x5412, p), "tiocsti_high_bits": (16, 0, 0x100005412, p),
   "tioclinux": (16, 0, 0x541C, p),
-  "setsid": (112,), "setpgid": (109, 0, 0),
+  "setpgid": (109, 0, 0),
   "shmget": (29, 0, 4096, 0o1600), "semget": (64, 0, 1, 0o1600), "msgget": (68, 0, 0o1600),
   "socket_packet": (41, 17, 3, 0), "socket_udp": (41, 2, 2, 0), "socket_udp6": (41, 10, 2, 0),
   "socket_raw": (41, 2, 3, 1), "socket_icmp_ping": (41, 2, 2, 1),
@@ -81,8 +81,7 @@ DENIED = [
     "add_key", "request_key", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "reboot", "swapon", "swapoff", "acct", "open_by_handle_at",
     "name_to_handle_at", "quotactl", "pidfd_getfd", "syslog", "personality_no_aslr",
-    "personality_read_implies_exec", "tiocsti", "tiocsti_high_bits", "tioclinux", "setsid",
-    "setpgid", "shmget", "semget", "msgget", "socket_packet", "socket_udp", "socket_udp6",
+    "personality_read_implies_exec", "tiocsti", "tiocsti_high_bits", "tioclinux", "shmget", "semget", "msgget", "socket_packet", "socket_udp", "socket_udp6",
     "socket_raw", "socket_icmp_ping", "socket_mptcp", "socket_sctp", "socket_vsock",
     "socket_high_bits_family", "socket_bluetooth", "socket_alg", "netlink_audit",
     "netlink_uevent", "netlink_generic", "netlink_netfilter",
@@ -92,6 +91,14 @@ DENIED = [
 @pytest.mark.parametrize("name", DENIED)
 def test_denied_family_fails_with_eperm(probe, name):
     assert probe[name] == [-1, errno.EPERM], probe[name]
+
+
+def test_process_groups_and_sessions_are_allowed(probe):
+    """Job control needs them; membership is the process tree (sandlock-init.c)."""
+    assert probe["setpgid"] == [0, 0]
+    r = run_py(sandbox(), "import os\nif os.fork() == 0:\n    os.setsid()\n"
+                          "    print(os.getsid(0) == os.getpid(), flush=True)\n    os._exit(0)\nos.wait()")
+    assert r.stdout == b"True\n", r.stderr
 
 
 def test_clone3_is_enosys_so_libc_falls_back(probe):
@@ -143,7 +150,7 @@ def test_probe_is_meaningful_outside_the_sandbox():
     """Control: unconfined, the same probes do not fail with EPERM, so EPERM inside comes
     from the filter and not from the probe's arguments."""
     # Only probes that are harmless when they succeed unconfined.
-    names = ["socket_udp", "socket_udp6", "setsid", "personality_no_aslr", "tiocsti",
+    names = ["socket_udp", "socket_udp6", "personality_no_aslr", "tiocsti",
              "tiocsti_high_bits", "socket_mptcp", "clone3"]
     if IS_ROOT:
         names.append("socket_raw")

@@ -413,3 +413,45 @@ def test_net_run_gives_a_private_tmpdir(home):
     assert lines[0] and lines[0] != "/tmp" and lines[1] == "x", r.stdout + r.stderr
     assert not os.path.exists(lines[0])  # removed at exit
     assert not os.path.exists("/tmp/sandlock-x") and "Permission denied" in r.stderr
+
+
+def test_a_protected_file_named_in_a_writable_grant_is_the_users(home):
+    proj = home / "proj"
+    r = cli(home, "run", "-w", str(proj), "--", "git", "config", "user.name", "Changed")
+    assert r.returncode != 0  # the control: the repository's config is protected
+    r = cli(home, "run", "-w", str(proj), "-w", str(proj / ".git/config"), "--",
+            "git", "config", "user.name", "Changed")
+    assert r.returncode == 0, r.stderr
+    assert "Changed" in (proj / ".git/config").read_text()
+
+
+def test_an_activated_virtualenv_anywhere_runs(home, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)
+    env = _env(home)
+    env["PATH"] = f"{venv}/bin:" + env["PATH"]
+    r = subprocess.run(SANDLOCK + ["run", "--", "python3", "-c",
+                                   "import sys; print(sys.prefix)"],
+                       capture_output=True, text=True, env=env, cwd=home / "proj", timeout=60)
+    assert r.returncode == 0 and r.stdout == f"{venv}\n", r.stderr
+    r = subprocess.run(SANDLOCK + ["run", "--strict", "--", "python3", "-c", "print(1)"],
+                       capture_output=True, text=True, env=env, cwd=home / "proj", timeout=60)
+    assert r.returncode != 0  # the control: without the grant, its pyvenv.cfg is unreadable
+
+
+def test_removing_a_private_tmpdir_never_touches_its_parent(tmp_path):
+    """A regression: removing a TMPDIR root that was already gone made its parent (the
+    host's /tmp) mode 0700, locking every other user out."""
+    from sandlock.private_tmp import _remove
+    parent = tmp_path / "host-tmp"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    root = parent / "sandlock-tmp-x"
+    (root / "locked").mkdir(parents=True)
+    (root / "locked" / "f").write_text("x")
+    (root / "locked").chmod(0)  # what a sandbox may leave behind
+    _remove(str(root))
+    assert not root.exists()
+    _remove(str(root))  # again, once gone
+    assert parent.stat().st_mode & 0o7777 == 0o1777

@@ -18,3 +18,12 @@ def pidfd_getfd(pidfd: int, targetfd: int) -> int:
     """
     return syscall(NR_PIDFD_GETFD, ctypes.c_int(pidfd), ctypes.c_int(targetfd), ctypes.c_uint(0))
 
+
+
+NR_PIDFD_SEND_SIGNAL = 424
+
+
+def pidfd_send_signal(pidfd: int, sig: int) -> None:
+    """Signal the process behind `pidfd` (never a process that reused its pid)."""
+    syscall(NR_PIDFD_SEND_SIGNAL, ctypes.c_int(pidfd), ctypes.c_int(sig), None,
+            ctypes.c_uint(0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-STATE, PGRP, NUM_THREADS = 0, 2, 17  # indexes into fields(): stat(5) fields 3, 5, 20
+STATE, PPID, PGRP, NUM_THREADS = 0, 1, 2, 17  # indexes into fields(): stat(5) fields 3, 4, 5, 20
 
 
 def read(path: str) -> bytes:

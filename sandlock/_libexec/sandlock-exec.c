@@ -13,6 +13,11 @@
  *   7 (flag bit 3) the protection list: records "<kind><path>\0", read with pread:
  *     'e' an empty file of mode 0 (hidden files are covered by it), 'h' a path to hide,
  *     'r' a path to make read-only
+ *   8 the control socket of the sandbox's root (sandlock-init.c), -1 in none
+ *
+ * Two processes: this one forks at once. The parent stays outside the sandbox as its root
+ * (sandlock-init.c: the subreaper that keeps, limits and finally ends the process tree);
+ * the child reports its pid (record ST_CHILD), confines itself as below and execs.
  * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) FLAGS
  *       RLIMITS("res:soft:hard,..." or "-") LOWER UPPER WORK RIGHTS -- EXE ARGV0 ARGV...
  * FLAGS: bit 0 = a Landlock ruleset is at fd 5; bit 1 = become a child subreaper (the
@@ -30,7 +35,7 @@
  * placed on that fd (move_mount), so a symlink swapped in is never followed; a path gone
  * since the plan is skipped (the supervisor's guard refuses its re-creation).
  *
- * Order: close every other fd -> [overlay] -> [protection] -> cwd -> rlimits -> capabilities ->
+ * Order (the child): close every other fd -> [overlay] -> [protection] -> cwd -> rlimits -> capabilities ->
  * NO_NEW_PRIVS -> Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
  * The overlay comes first so that cwd is resolved in the sandbox's own view; its mount
  * propagation is made slave first, so the mount never reaches the caller's namespace.
@@ -52,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -61,15 +67,17 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "sandlock-init.h"
+
 extern char **environ;
 
 /* Step numbers: must match sandlock/launch.py STEPS. */
 enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, ST_BOUNDING,
        ST_CAPSET, ST_AMBIENT, ST_NO_NEW_PRIVS, ST_LANDLOCK, ST_SECCOMP_READ, ST_SECCOMP,
        ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER, ST_USERNS, ST_ID_MAP,
-       ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT };
+       ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT, ST_CHILD, ST_FORK };
 
-enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7 };
+enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7, FD_CONTROL = 8 };
 enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16 };
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
@@ -320,6 +328,52 @@ static void send_listener(int listener) {
         _exit(127); /* the parent is gone, or the channel broke: never run unsupervised */
 }
 
+/* Fork: the parent becomes the sandbox's root (never returns), the child goes on. */
+static void become_root_of_tree(void) {
+    pid_t parent = getppid();
+    /* The root ends the sandbox when the process that started it dies, however it dies. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) < 0 || getppid() != parent)
+        _exit(127);
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+        fail(ST_SUBREAPER, errno);
+    sigset_t set, none;
+    sigemptyset(&set);
+    sigemptyset(&none);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &set, NULL); /* for its signalfd, from before the fork */
+    pid_t child = fork();
+    if (child < 0)
+        fail(ST_FORK, errno);
+    if (child == 0) {
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        close(FD_CONTROL);
+        /* The program ends with its root, whatever ends the root. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+            fail(ST_FORK, errno);
+        if (getppid() != parent && getppid() == 1)
+            _exit(127);
+        report(ST_CHILD, (int)getpid());
+        return;
+    }
+    for (int fd = FD_STATUS; fd <= FD_PROTECT; fd++)
+        close(fd);
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+        for (int fd = 0; fd <= 2; fd++)
+            dup2(null, fd);
+        close(null);
+    }
+    /* Keystrokes for the terminal's foreground group are the program's, not ours. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGQUIT, SIG_IGN);
+    signal(SIGTSTP, SIG_IGN);
+    signal(SIGTTIN, SIG_IGN);
+    signal(SIGTTOU, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    run_init(child, fcntl(FD_CONTROL, F_GETFD) < 0 ? -1 : FD_CONTROL);
+}
+
 static int load_seccomp(void) {
     static struct sock_filter insns[MAX_BPF_INSNS];
     ssize_t n = pread(FD_BPF, insns, sizeof insns, 0);
@@ -367,8 +421,9 @@ int main(int argc, char **argv) {
         fail(ST_ARGS, EINVAL);
 
     /* Nothing the parent leaked (fds without O_CLOEXEC) reaches the program. */
-    if (syscall(SYS_close_range, FD_PROTECT + 1, ~0U, 0) < 0)
+    if (syscall(SYS_close_range, FD_CONTROL + 1, ~0U, 0) < 0)
         fail(ST_CLOSE_FDS, errno);
+    become_root_of_tree();
     if ((flags & (F_OVERLAY | F_PROTECT)) && enter_namespace())
         privileged = 1;  /* the user namespace's capabilities go with the rest */
     if (flags & F_OVERLAY) {
@@ -381,8 +436,6 @@ int main(int argc, char **argv) {
     close(FD_PROTECT);
     if (strcmp(cwd, "-") != 0 && chdir(cwd) < 0)
         fail(ST_CHDIR, errno);
-    if ((flags & F_SUBREAPER) && prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
-        fail(ST_SUBREAPER, errno);
     set_rlimits(argv[6]);
     drop_capabilities(keep, cap_last, privileged);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

@@ -422,14 +422,7 @@ class CowLayer:
 
     def usage(self) -> int:
         """Bytes of private data in the upper tree (placeholders count nothing)."""
-        total = 0
-        for dirpath, dirnames, filenames in os.walk(self.upper):
-            for name in filenames:
-                try:
-                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-                except OSError:
-                    pass
-        return total
+        return tree_usage(self.upper)
 
     def open_real(self, path: str, flags: int, mode: int = 0) -> int:
         return open_no_symlinks(path, flags | os.O_CLOEXEC, mode)
@@ -477,6 +470,18 @@ def copy_metadata(src_fd: int, dst_fd: int, st) -> None:
         pass
     os.fchmod(dst_fd, stat.S_IMODE(st.st_mode))
     os.utime(dst_fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def tree_usage(path: str) -> int:
+    """Bytes the files below `path` take on disk."""
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
 
 
 def remove_tree(path: str) -> None:

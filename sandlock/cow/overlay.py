@@ -186,14 +186,8 @@ class OverlayLayer:
     # --- storage --------------------------------------------------------------------------------
 
     def usage(self) -> int:
-        total = 0
-        for dirpath, _, filenames in os.walk(self.upper):
-            for name in filenames:
-                try:
-                    total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-                except OSError:
-                    pass
-        return total
+        from .layer import tree_usage
+        return tree_usage(self.upper)
 
     def discard(self) -> None:
         """Remove the layer (overlayfs leaves a mode-000 directory in its work dir)."""

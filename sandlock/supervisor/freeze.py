@@ -16,14 +16,13 @@ user code or a syscall. A task counts as frozen when
      whose answer the session's gate holds back until the freeze ends, or
   4. it is a vfork parent waiting for its child (it cannot run before the child execs or
      exits).
-The sandbox is its process group (setsid/setpgid are refused to sandboxes that have a
-policy_fn), so membership is kernel state the sandbox cannot misreport. While the program
-(the group's leader) lives, the group is exactly its descendants: it is a child subreaper
-(orphans stay below it, and prctl cannot undo that) and CLONE_PARENT is refused, so the
-tree is walked; once it is gone, every process's group id is read instead. A fork already
-inside the kernel when its caller is interrupted still completes, so tasks are enumerated
-again once every known task is frozen: a task in a ptrace stop or held by the gate cannot
-be inside a fork, so a round that then finds no new task is complete.
+The sandbox is the process tree below its root (sandlock-init.c: a child subreaper outside
+the sandbox, so orphans stay in the tree whatever group or session they made), so
+membership is kernel state the sandbox cannot misreport: the tree is walked
+(sandlock.process_tree). A fork already inside the kernel when its caller is interrupted
+still completes, so tasks are enumerated again once every known task is frozen: a task in
+a ptrace stop or held by the gate cannot be inside a fork, so a round that then finds no
+new task is complete.
 
 If the freeze cannot be established within its deadline (ptrace refused, a task that keeps
 running), the held call is denied: the invariant is never relaxed. If the released call
@@ -39,7 +38,8 @@ import signal
 import threading
 import time
 
-from .._kernel import procstat, ptrace
+from .. import process_tree
+from .._kernel import ptrace
 
 # Syscalls a vfork parent may be blocked in until its child execs or exits (x86-64).
 _NR_CLONE, _NR_VFORK = 56, 58
@@ -49,51 +49,6 @@ _POLL = 0.0002
 
 class FreezeError(Exception):
     """The sandbox could not be frozen; the held call must be denied."""
-
-
-def group_tasks(pgid: int) -> list[tuple[int, int]]:
-    """(pid, tid) of every thread of every process in process group `pgid`."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = procstat.fields(procstat.read(f"/proc/{name}/stat"))
-            if int(stat[procstat.PGRP]) != pgid:
-                continue
-            pid = int(name)
-            out.extend((pid, int(t)) for t in os.listdir(f"/proc/{name}/task"))
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-    return out
-
-
-def tree_tasks(root: int) -> list[tuple[int, int]] | None:
-    """(pid, tid) of every thread of `root` and its descendants; None if `root` is not a
-    live process leading its group (its orphans may then have left the tree)."""
-    out, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue  # exited meanwhile: its children were handed to `root`
-        for t in tids:
-            out.append((pid, int(t)))
-            try:
-                with open(f"/proc/{pid}/task/{t}/children", "rb") as f:
-                    stack.extend(int(c) for c in f.read().split())
-            except FileNotFoundError:
-                if os.path.exists(f"/proc/{pid}/task"):
-                    return None  # no CONFIG_PROC_CHILDREN: the tree cannot be walked
-            except OSError:
-                return None
-    try:
-        stat = procstat.fields(procstat.read(f"/proc/{root}/stat"))
-        alive = stat[procstat.STATE] not in (b"Z", b"X") and int(stat[procstat.PGRP]) == root
-    except (OSError, ValueError, IndexError):
-        alive = False
-    return out if alive else None
 
 
 class Freeze:
@@ -172,12 +127,8 @@ class Freeze:
     def _freeze(self) -> None:
         self._seize(self.tgid, self.caller, ptrace.PTRACE_O_TRACEEXEC)
         known = {self.caller}
-        pgid = self.session.pgid
         while True:
-            tasks = tree_tasks(pgid)
-            if tasks is None:
-                tasks = group_tasks(pgid)
-            new = [(p, t) for p, t in tasks if t not in known]
+            new = [(p, t) for p, t in process_tree.tasks(self.session.root) if t not in known]
             if not new:
                 return  # every task was frozen before this enumeration began
             for pid, tid in new:
@@ -267,6 +218,6 @@ class Freeze:
 
     def _kill_group(self) -> None:
         try:
-            os.killpg(self.session.pgid, signal.SIGKILL)
+            os.kill(self.session.root, signal.SIGTERM)  # the root ends the whole tree
         except OSError:
             pass

@@ -76,9 +76,15 @@ class Protection:
         self.mode = mode
         self.threads = confined_threads
         self.identities = frozenset(_identities(self.readonly + self.hidden))
+        # Protected paths the user named in a writable grant themselves (-w .git/config):
+        # theirs to change, with what lies beneath them.
+        self.exempt = ()
+        self.exempt = tuple(n for n in plan.named_write if self.refusal(n) is not None)
 
     def refusal(self, real: str) -> str | None:
         """Why the sandbox may not create, replace or write the name `real`, or None."""
+        if any(is_beneath(real, e) for e in self.exempt):
+            return None
         for p in self.hidden:
             if is_beneath(real, p):
                 return f"{real} is a secret (hidden from sandboxes)"

@@ -1,4 +1,5 @@
-"""Process creation and exit under a policy_fn: observed, never held.
+"""Process creation and exit under a policy_fn: observed, never held; under max_processes,
+counted (supervisor.forks).
 
 clone/fork/vfork/exit_group carry no pointer the decision depends on (clone's flags are a
 register), so they continue at once; the callback hears of them in order with the other
@@ -13,6 +14,7 @@ from __future__ import annotations
 import errno
 
 from ..syscall_filter import clone_refusal
+from .forks import is_process
 from .network import CONTINUE
 from .request import Denied, Request
 
@@ -21,9 +23,12 @@ def _observed(name: str):
     def handler(req: Request, session):
         from .runtime import SyscallEvent
         if name == "clone":
-            refusal = clone_refusal(req.args[0], True)
+            refusal = clone_refusal(req.args[0], session.runtime is not None)
             if refusal is not None:
                 raise Denied(errno.EPERM, refusal)
+        budget = session.forks
+        if budget is not None and is_process(name, req.args[0] if name == "clone" else 0):
+            budget.admit(session, req.pid)
         rt = session.runtime
         if rt is not None and "process" in rt.events:
             try:

@@ -24,6 +24,7 @@ import atexit
 import errno
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -165,12 +166,13 @@ class Session:
         self.own_mounts = False  # the sandbox has a mount namespace of its own
         self.overlay = False    # ... holding an overlay-backend workspace
         self.protection = None  # supervisor.guard.Protection: the user's files kept
+        self.forks = None       # supervisor.forks.ForkBudget under max_processes
         self.cow_max_disk = None
         self.fast = False       # the C fast path answers some of its connects (fastpath.py)
         self.denials: list[dict] = []
         self.denied_count = 0
         self.deferred = 0  # on-behalf calls in progress on worker threads
-        self.pgid = 0      # set once started; every sandboxed process is in this group
+        self.root = 0      # set once started: every sandboxed process descends from it
         self.listener = -1
         self.released = threading.Event()
         # The gate: notifications received and not yet answered (id -> tid), and while a
@@ -254,16 +256,16 @@ class Supervisor:
         """At interpreter exit the supervisor stops answering: end every sandbox it still
         serves rather than leave it running unsupervised (its trapped calls would fail)."""
         with self._lock:
-            groups = [s.pgid for s in self._sessions.values() if s.pgid]
-        for pgid in groups:
+            roots = [s.root for s in self._sessions.values() if s.root]
+        for root in roots:  # each ends its tree (sandlock-init.c), then itself
             try:
-                os.killpg(pgid, 9)
+                os.kill(root, signal.SIGTERM)
             except OSError:
                 pass
 
-    def attach(self, listener: int, session: Session, pgid: int) -> None:
+    def attach(self, listener: int, session: Session, root: int) -> None:
         """Take ownership of `listener` and serve it until every task using it is gone."""
-        session.pgid = pgid
+        session.root = root
         session.listener = listener
         if self._fast is not None and eligible(session, self._acts_with_caps(session)):
             fast = self._fast

@@ -147,13 +147,24 @@ class PolicyContext:
         """Undo deny_path(path). The static filesystem policy still applies."""
         self._rt.denied_paths.remove(os.path.realpath(os.fsdecode(path)))
 
-    def restrict_max_memory(self, n: int) -> None:
-        raise SandlockError("restrict_max_memory: resource limits (max_memory) are not "
-                            "implemented in this version of sandlock")
+    def restrict_max_memory(self, n) -> None:
+        """Lower the sandbox's max_memory (never raise it) from the next allocation: the
+        root's total and every live process's RLIMIT_DATA (sandlock.limits)."""
+        from ..policy import parse_size
+        n = parse_size(n, "restrict_max_memory")
+        hook = self._rt.on_limits
+        if hook is None:
+            raise SandlockError("restrict_max_memory: the sandbox has not started")
+        hook(memory=n)
 
     def restrict_max_processes(self, n: int) -> None:
-        raise SandlockError("restrict_max_processes: resource limits (max_processes) are "
-                            "not implemented in this version of sandlock")
+        """Lower the sandbox's max_processes (never raise it) from the next fork."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise SandlockError(f"restrict_max_processes: expected a positive int, got {n!r}")
+        hook = self._rt.on_limits
+        if hook is None:
+            raise SandlockError("restrict_max_processes: the sandbox has not started")
+        hook(processes=n)
 
 
 MAX_ABANDONED = 8  # overrunning callbacks still running; past this, events are denied
@@ -226,6 +237,7 @@ class Runtime:
         self.pid_allowed: dict[int, tuple] = {}
         self.denied_paths = DeniedPaths()  # truthy while any path is denied
         self.flagged: list[dict] = []
+        self.on_limits = None  # set by the sandbox once started: lowers its limits
         self.ctx = PolicyContext(self)
         self._worker: _CallbackThread | None = None
         self._order = threading.Lock()  # guards _worker; its queue keeps arrival order

@@ -1,0 +1,58 @@
+"""Giving the terminal to a sandbox while it runs, and taking it back.
+
+A sandbox started from an interactive terminal runs in the terminal's foreground: its
+program starts in its root's process group (sandlock-init.c), which becomes the
+terminal's foreground group, so the program reads the terminal, Ctrl-C and Ctrl-Z reach
+it (not the process that started it), window-size changes reach it (SIGWINCH goes to the
+foreground group), and a shell inside does its own job control (setpgid, tcsetpgrp). When
+it ends, the foreground group and the terminal's modes are restored, whatever state the
+program left them in. Nothing of the terminal becomes a way out: TIOCSTI and TIOCLINUX
+stay refused by the filter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import termios
+
+
+class Foreground:
+    """The terminal on `fd` (default: stdin) handed to process group `pgid` if we hold its
+    foreground; `restore()` takes it back."""
+
+    def __init__(self, pgid: int, fd: int = 0):
+        self.fd = -1
+        self.modes = None
+        try:
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                self.fd = fd
+                self.modes = termios.tcgetattr(fd)
+        except (OSError, termios.error):
+            self.fd = -1
+        if self.fd >= 0:
+            self._give(pgid)
+
+    def _give(self, pgid: int) -> None:
+        # A background group's tcsetpgrp stops it with SIGTTOU unless SIGTTOU is blocked.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+        try:
+            os.tcsetpgrp(self.fd, pgid)
+        except OSError:
+            pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def restore(self) -> None:
+        if self.fd < 0:
+            return
+        self._give(os.getpgrp())
+        if self.modes is not None:
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+            try:
+                termios.tcsetattr(self.fd, termios.TCSANOW, self.modes)
+            except termios.error:
+                pass
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        self.fd = -1
