@@ -118,7 +118,9 @@ def degradations(f: KernelFeatures) -> list[str]:
             lost.append(f"Landlock ABI {abi}: ioctl on devices is not restricted")
         if abi < 6:
             lost.append(f"Landlock ABI {abi}: signals and abstract unix sockets can reach "
-                        f"processes outside the sandbox")
+                        f"processes outside the sandbox (the sandbox's own root included: a "
+                        f"program that kills it can leave processes running after the "
+                        f"sandbox ends)")
     if not supervisor_available(f):
         lost.append("no supervisor: chmod/chown/utimes/xattr changes are denied everywhere, "
                     "and connects to pathname unix sockets are not checked")

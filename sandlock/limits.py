@@ -3,11 +3,12 @@ environment: nothing here creates, enters or changes one).
 
 - max_memory: every process's RLIMIT_DATA (its own heap and private writable mappings:
   an allocation past it fails with ENOMEM, which a program can report), and the sandbox's
-  total resident memory, summed over its process tree every 10 ms by the sandbox's root
-  (sandlock-init.c), which kills the whole tree past it (ExitReason.MEMORY).
+  total memory (proportional resident shares, Pss, plus the memfds its members hold),
+  summed over its process tree every 10 ms by the sandbox's root (sandlock-init.c), which
+  kills the whole tree past it (ExitReason.MEMORY).
 - max_processes: live processes in the tree (threads not counted). Every process-creating
   clone/fork/vfork reaches the supervisor, which counts the tree and the forks it let
-  through that have not shown up yet (supervisor.forks): past the limit the call fails
+  through still inside their syscall (supervisor.forks): past the limit the call fails
   with EAGAIN, as it would past RLIMIT_NPROC.
 - max_cpu: percent of one core for the whole tree (above 100: several cores). The root
   samples the tree's CPU time and, once a 100 ms window's share is used, stops every

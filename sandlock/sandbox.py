@@ -30,6 +30,9 @@ _CLEAN_ENV_KEEP = (b"PATH", b"HOME", b"TERM", b"LANG", b"LC_ALL", b"TZ", b"USER"
                    b"SHELL")
 _DEFAULT_PATH = b"/usr/local/bin:/usr/bin:/bin"
 _DRAIN_AFTER_KILL = 2.0
+# How long the root may take to end the tree once asked (sandlock-init.c: its kill rounds
+# are bounded well below this); past it, this process kills the tree and the root itself.
+_ROOT_GRACE = 10.0
 
 
 class BranchAction(enum.Enum):
@@ -463,6 +466,45 @@ class _Pipe(io.FileIO):
         super().close()
 
 
+class _RootWatch:
+    """Once the root was asked to end the tree: if it has not ended within _ROOT_GRACE
+    (it should always have: sandlock-init.c bounds its kill rounds), every member is
+    killed from here, a few rounds (a fork in flight shows up in the next), then the root
+    itself, so that nothing waiting for the sandbox can hang. Holds its own duplicate of
+    the root's pidfd: the root it signals is always that process, never a reused pid."""
+
+    def __init__(self, pidfd: int, root: int):
+        self._fd = os.dup(pidfd)
+        self._root = root
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(_ROOT_GRACE, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._fd < 0:
+                return
+            try:
+                if not select_poll(self._fd).poll(0):  # alive: its pid is still its own
+                    for _ in range(5):
+                        process_tree.signal_members(self._root, signal.SIGKILL)
+                        time.sleep(0.01)
+                    pidfd_send_signal(self._fd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
 class Process:
     """A running sandboxed process. The sandbox is its whole process group: when the main
     process ends, or on kill()/timeout, every process left in the group is killed too."""
@@ -483,6 +525,7 @@ class Process:
         self._killed_by_us: ExitReason | None = None
         self._lock = threading.Lock()
         self._cleanup: list = []  # run once every task is gone (its private TMPDIR)
+        self._watch: _RootWatch | None = None  # once the root was asked to end the tree
 
     # -- lifecycle --
 
@@ -504,6 +547,8 @@ class Process:
                 pidfd_send_signal(self._pidfd, signal.SIGTERM)
             except OSError:
                 pass
+            if self._watch is None:
+                self._watch = _RootWatch(self._pidfd, self.root)
 
     def kill(self) -> None:
         self._killed_by_us = self._killed_by_us or ExitReason.KILLED
@@ -531,6 +576,8 @@ class Process:
         with self._lock:
             if self._status is None:
                 info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+                if self._watch is not None:
+                    self._watch.cancel()
                 os.close(self._pidfd)
                 self._pidfd = -1
                 if info.si_code == os.CLD_EXITED:

@@ -161,7 +161,8 @@ def test_zsh_completion(tmp_path):
 def test_the_demo_removes_what_it_created(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=ROOT)
+    env = dict(os.environ, TMPDIR=str(tmp),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "demo.py")],
                        capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

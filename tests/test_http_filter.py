@@ -855,7 +855,8 @@ def test_gateway_addon_under_real_mitmdump(upstream, tls_upstream, tmp_path):
                                                                       "gateway.py"),
          "--set", f"sandlock_policy={policy}", "--set", "ssl_insecure=true",
          "--set", f"sandlock_connect_ports=443,{tls_upstream[0].port}"],
-        env={**os.environ, "PYTHONPATH": root}, stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20

@@ -147,3 +147,52 @@ def test_cli_flags_and_yaml_limits(tmp_path):
     r = subprocess.run(SANDLOCK + ["run", "-P", "0", "--", "true"], capture_output=True,
                        text=True)
     assert r.returncode == 125 and "-P/--max-processes" in r.stderr
+
+
+def test_memory_held_in_a_memfd_counts():
+    # Written with write(): in no process's RSS, and RLIMIT_DATA does not see it.
+    code = ("import os, time\nfd = os.memfd_create('x')\nchunk = b'x' * (1 << 20)\n"
+            "for i in range(256):\n    os.write(fd, chunk)\nprint('written', flush=True)\n"
+            "time.sleep(3)\nprint('survived')")
+    r = run_py(sandbox(max_memory="64M"), code, timeout=30)
+    assert r.reason == ExitReason.MEMORY and b"survived" not in r.stdout, (r.reason, r.stdout)
+    r = run_py(sandbox(max_memory="512M"), code.replace("time.sleep(3)", "time.sleep(0.3)"))
+    assert r.stdout == b"written\nsurvived\n", r.stderr  # the control
+
+
+def test_pages_shared_by_forked_processes_count_once():
+    # 48 forks of one interpreter: their resident sizes add up past the limit, what they
+    # really use (proportional shares) does not.
+    code = ("import os, time\nx = bytearray(24 << 20)\nkids = []\nfor i in range(48):\n"
+            "    p = os.fork()\n    if p == 0:\n        time.sleep(2)\n        os._exit(0)\n"
+            "    kids.append(p)\nrss = 0\nfor k in kids:\n"
+            "    rss += int(open(f'/proc/{k}/statm').read().split()[1]) * 4096\n"
+            "print(rss >> 20 > 256, flush=True)\nfor k in kids:\n    os.waitpid(k, 0)\n"
+            "print('finished')")
+    r = run_py(sandbox(max_memory="256M"), code, timeout=30)
+    assert r.stdout == b"True\nfinished\n", (r.reason, r.error, r.stdout)
+
+
+def test_short_lived_children_are_charged_their_cpu(tmp_path):
+    # Children that burn 4 ms each and are reaped by the kernel (SIGCHLD ignored): their
+    # time is in nobody's cutime.
+    exe = tmp_path / "short_burners"
+    subprocess.run(["cc", "-O2", "-o", str(exe), os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "helpers", "short_burners.c")], check=True)
+    share = lambda r: float(r.stdout.split(b"=")[1].split(b"%")[0])  # noqa: E731
+    r = sandbox(fs_readable=[str(tmp_path)], max_cpu=20).run([str(exe), "1", "2"], timeout=60)
+    assert r.success, r.stderr
+    assert share(r) <= 30, r.stdout
+    r = sandbox(fs_readable=[str(tmp_path)]).run([str(exe), "1", "2"], timeout=60)
+    assert share(r) > 60, r.stdout  # the control
+
+
+def test_short_commands_one_after_another_fit_a_small_process_limit():
+    r = sandbox(max_processes=5).run(
+        ["/bin/sh", "-c", "for i in $(seq 200); do /bin/true || exit 1; done; echo ran"],
+        timeout=60)
+    assert r.stdout == b"ran\n", r.stderr
+    r = sandbox(max_processes=5).run(  # the control: the shell and five at once are too many
+        ["/bin/sh", "-c", "sleep 2 & sleep 2 & sleep 2 & sleep 2 & sleep 2 & wait; echo ok"],
+        timeout=60)
+    assert b"Cannot fork" in r.stderr and r.stdout == b"", (r.stdout, r.stderr)

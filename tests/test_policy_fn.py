@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -742,6 +743,37 @@ def test_open_check_reads_the_callers_own_fd_table(tmp_path_factory, secret_tree
     assert r.stdout == b"open failed\n", r  # control: the judged path reaches nothing
 
 
+ZOMBIE_LEADER_FRESH = r"""
+import sys, time
+sys.path[:0] = [sys.argv[3], sys.argv[4]]
+from conftest import sandbox
+exe, tree = sys.argv[1], sys.argv[2]
+armed = set()
+
+def fn(event, ctx):
+    if event.syscall == "execve" and event.argv and event.argv[-1] == "armed":
+        ctx.deny_path(tree + "/secret")
+        armed.add(event.pid)
+    elif event.category == "file" and event.pid in armed:
+        time.sleep(0.25)
+sb = sandbox(fs_readable=[exe, tree], policy_fn=fn, policy_fn_events=["exec", "file"])
+for i in range(3):
+    r = sb.run([exe, tree, "200"], timeout=30)
+    print(r.signal, r.stdout)
+"""
+
+
+def test_open_check_with_a_zombie_leader_in_a_fresh_supervisor(tmp_path_factory, secret_tree):
+    """The same attack as the first sandbox of a process: the group leader, gone before
+    the freeze and never traced, made the wait for the open's return report the whole
+    process gone, so the fd it installed went unchecked."""
+    exe = _compile(tmp_path_factory, "open_zombie_leader")
+    r = subprocess.run([sys.executable, "-c", ZOMBIE_LEADER_FRESH, exe,
+                        str(secret_tree), HERE, os.path.dirname(HERE)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.splitlines() == ["9 b''"] * 3, (r.stdout, r.stderr[-2000:])
+
+
 def test_exec_events_name_the_program_not_just_argv0():
     """Second review: a policy refusing curl by argv[0] was bypassed with
     execve("/usr/bin/curl", ["x", ...]). Exec events carry the program's path."""
@@ -761,3 +793,21 @@ def test_exec_events_name_the_program_not_just_argv0():
     r = run_py(sandbox(policy_fn=fn, policy_fn_events=["exec"]),
                "import os; os.execv('/bin/echo', ['x', 'ran'])")
     assert r.stdout == b"ran\n"  # control
+
+
+def test_many_execs_at_once_all_run():
+    """40 execs held at once (a make -j, xargs -P): more than one sandbox's share of the
+    supervisor's workers. They wait their turn; none fails with EAGAIN, and none with
+    EPERM because the previous freeze's tracer had not yet let its tracees go."""
+    seen = []
+
+    def fn(event, ctx):
+        if event.syscall == "execve" and (event.path or "").endswith("/true"):
+            seen.append(event.pid)
+    sb = sandbox(policy_fn=fn, policy_fn_events=["exec"])
+    for _ in range(3):
+        seen.clear()
+        r = sb.run(["/bin/sh", "-c", "for i in $(seq 40); do /bin/true & done; wait; echo done"],
+                   timeout=60)
+        assert (r.stdout, r.stderr) == (b"done\n", b""), r.stderr[-500:]
+        assert len(seen) == 40

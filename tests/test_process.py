@@ -5,6 +5,7 @@ import gc
 import io
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -12,6 +13,8 @@ import pytest
 
 from sandlock import ExitReason, Sandbox, StdioMode
 from conftest import PY, open_fds, run_py, sandbox
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def pid_alive(pid: int) -> bool:
@@ -315,3 +318,82 @@ def test_a_fork_tree_racing_the_final_kill_leaves_nothing_behind():
         assert r.exit_code == 0, r.stderr
         left = _with_tag(tag.encode())
         assert left == [], (trial, left)
+
+
+def _run_bounded(sb, argv, timeout: float, join: float):
+    """run() on a thread, waited for at most `join` seconds: a root that never ends must
+    fail the test, not hang it."""
+    res = {}
+    t = threading.Thread(target=lambda: res.setdefault("r", sb.run(argv, timeout=timeout)),
+                         daemon=True)
+    t.start()
+    t.join(join)
+    return res.get("r")
+
+
+def _kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_a_thousand_children_are_all_ended():
+    # More children than one page of /proc/PID/task/TID/children lists (~680).
+    tag = f"manykids-{os.getpid()}"
+    code = ("import os, sys, time\nfor i in range(1000):\n    if os.fork() == 0:\n"
+            "        time.sleep(120)\n        os._exit(0)\nprint('forked', flush=True)")
+    try:
+        r = _run_bounded(sandbox(), [PY, "-c", code, tag], timeout=30, join=60)
+        assert r is not None, "the sandbox did not end"
+        assert r.stdout == b"forked\n", r.stderr
+        time.sleep(0.2)
+        assert _with_tag(tag.encode()) == []
+    finally:
+        _kill_all(_with_tag(tag.encode()))
+
+
+def test_processes_woken_by_sigcont_timers_are_all_ended(tmp_path):
+    # Every process arms a 1 ms timer delivering SIGCONT: stopping the tree holds nobody,
+    # and it keeps forking while it is being killed.
+    exe = tmp_path / f"sigcont-{os.getpid()}"
+    subprocess.run(["cc", "-O2", "-o", str(exe), os.path.join(HERE, "helpers",
+                                                               "sigcont_timers.c")], check=True)
+    try:
+        for _ in range(3):
+            r = _run_bounded(sandbox(fs_readable=[str(tmp_path)]), [str(exe), "4"],
+                             timeout=15, join=40)
+            assert r is not None, "the sandbox did not end"
+            assert r.stdout == b"program exiting\n", r.stderr
+            time.sleep(0.2)
+            assert _with_tag(str(exe).encode()) == []
+    finally:
+        _kill_all(_with_tag(str(exe).encode()))
+
+
+def test_a_root_that_does_not_end_the_tree_is_ended_from_outside(monkeypatch):
+    # The root is stopped from outside (standing in for a root that never handles the
+    # request): killing the sandbox must still end every process and return.
+    import sandlock.sandbox as sandbox_module
+    monkeypatch.setattr(sandbox_module, "_ROOT_GRACE", 1.0)
+    tag = f"stuckroot-{os.getpid()}"
+    proc = sandbox().popen([PY, "-c", "import os, time\nif os.fork() == 0:\n"
+                                      "    time.sleep(60)\ntime.sleep(60)", tag],
+                           stdout=StdioMode.NULL)
+    try:
+        deadline = time.monotonic() + 10
+        while len(_with_tag(tag.encode())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_with_tag(tag.encode())) == 2
+        os.kill(proc.root, signal.SIGSTOP)
+        t0 = time.monotonic()
+        proc.kill()
+        r = proc.communicate()  # no timeout of its own: the kill is what bounds it
+        assert time.monotonic() - t0 < 5
+        assert r.reason == ExitReason.KILLED
+        time.sleep(0.1)
+        assert _with_tag(tag.encode()) == []
+    finally:
+        _kill_all(_with_tag(tag.encode()))
+        proc.close()

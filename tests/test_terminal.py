@@ -118,3 +118,28 @@ def test_the_final_kill_reaches_jobs_left_behind(shell, tmp_path):
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or \
             open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_the_terminal_is_given_back_usable(tmp_path):
+    """A program that sets the terminal exclusive (every later open fails with EBUSY) and
+    stops its output (tcflow TCOOFF) does not leave it so for the user's shell."""
+    prog = tmp_path / "spoil.py"
+    prog.write_text("import fcntl, termios\n"
+                    "fcntl.ioctl(0, termios.TIOCEXCL)\n"
+                    "termios.tcflow(0, termios.TCOOFF)\n")
+    probe = tmp_path / "probe.py"
+    probe.write_text("import fcntl, struct\n"
+                     "x = struct.unpack('i', fcntl.ioctl(0, 0x80045440, b'0000'))[0]\n"
+                     "print('excl=%d' % (40 + x))\n")
+    env = dict(os.environ, PS1="$ ", TERM="dumb")
+    t = Term(["sh", "-c", f"{' '.join(SANDLOCK)} run -r {tmp_path} -- {sys.executable} {prog}; "
+              f"echo SANDLOCK-DONE; exec sh -i"], env)
+    try:
+        t.expect("SANDLOCK-DONE")  # output flows again (TCOOFF would hold it back)
+        t.expect(r"\$ ")
+        t.type(f"{sys.executable} {probe}\n")
+        t.expect("excl=40")  # not exclusive (40 + 1 if it were)
+        t.type(f"{sys.executable} {probe} < /dev/tty\n")
+        t.expect("excl=40")  # and it can be opened again
+    finally:
+        t.close()

@@ -5,9 +5,11 @@ flags that tell them apart are checked here: libseccomp drops conditional rules 
 syscall it sends to the supervisor). A fork is let through only if the live processes of
 the tree (sandlock.process_tree, the root excluded) plus the forks let through that have
 not yet shown up stay below the limit; otherwise it fails with EAGAIN. A fork let through
-is "in flight" until its parent has a child it did not have when the fork was allowed, the
-parent is gone, or a second has passed: counting it twice for a moment errs on the side
-of refusing, never of exceeding.
+is "in flight" until the thread that made it has left the fork syscall (/proc/TID/syscall:
+the child exists then, and is in the tree or already gone), or is gone, or IN_FLIGHT has
+passed: counting it twice for a moment errs on the side of refusing, never of exceeding.
+The count runs on a worker (never the supervisor's loop: a large tree takes a while to
+walk), under this sandbox's lock.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from .. import process_tree
 from .request import Denied
 
 CLONE_THREAD = 0x00010000
-IN_FLIGHT = 1.0  # seconds a fork let through is counted before it shows up
+IN_FLIGHT = 0.25  # seconds a fork let through is counted at most before it shows up
+FORK_CALLS = {56, 57, 58}  # clone, fork, vfork (x86-64): /proc/TID/syscall while inside
 
 
 RECOUNT = 0.05  # seconds a count of the tree is trusted (while far from the limit)
@@ -36,7 +39,7 @@ class ForkBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self._lock = threading.Lock()
-        self._in_flight: list[tuple[int, frozenset, float]] = []
+        self._in_flight: list[tuple[int, float]] = []  # (thread, deadline)
         self._live = 0
         self._walked = -1.0
         self._since = 0  # forks let through since the walk
@@ -51,32 +54,28 @@ class ForkBudget:
         with self._lock:
             now = time.monotonic()
             if now - self._walked > RECOUNT or self._live + self._since + 1 >= self.limit:
-                self._in_flight = [(t, before, d) for t, before, d in self._in_flight
-                                   if d > now and _pending(t, before)]
+                # A thread asking again has left its previous fork: that one is done.
+                self._in_flight = [(t, d) for t, d in self._in_flight
+                                   if t != tid and d > now and _pending(t)]
                 self._live = len(process_tree.members(session.root))
                 self._walked, self._since = now, len(self._in_flight)
                 if self._live + self._since >= self.limit:
                     raise Denied(errno.EAGAIN, f"max_processes ({self.limit}) reached: "
                                                f"{self._live} processes live")
-            self._in_flight.append((tid, frozenset(_children(tid)), now + IN_FLIGHT))
+            self._in_flight.append((tid, now + IN_FLIGHT))
             self._since += 1
 
 
-def _children(tid: int) -> set[int]:
-    """The children thread `tid` made (a fork's child is listed under the thread that
-    forked it)."""
+def _pending(tid: int) -> bool:
+    """The fork has not returned: its thread is still inside a fork syscall."""
     try:
-        with open(f"/proc/{tid}/task/{tid}/children", "rb") as f:
-            return {int(c) for c in f.read().split()}
+        with open(f"/proc/{tid}/task/{tid}/syscall", "rb") as f:
+            first = f.read().split(b" ", 1)[0]
+    except PermissionError:
+        return True  # not ours to read (a non-dumpable program): counted until IN_FLIGHT
     except OSError:
-        return set()
-
-
-def _pending(tid: int, before: frozenset) -> bool:
-    """The fork has not shown up: its thread lives and has no child it did not have."""
-    if not os.path.exists(f"/proc/{tid}/task/{tid}"):
-        return False
-    return not (_children(tid) - before)
+        return False  # gone
+    return first.lstrip(b"-").isdigit() and int(first) in FORK_CALLS
 
 
 def is_process(name: str, flags: int) -> bool:

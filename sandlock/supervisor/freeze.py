@@ -47,6 +47,20 @@ _CLONE_VFORK = 0x4000
 _POLL = 0.0002
 
 
+def _await_exit(tid: int | None) -> None:
+    """Wait (bounded) until the tracer thread `tid` is gone from the kernel, not only from
+    Python: its tracees are detached by its exit, and the next freeze of the sandbox (the
+    caller holds its freeze_lock until this returns) could not seize a task still traced by
+    it (PTRACE_SEIZE fails with EPERM)."""
+    deadline = time.monotonic() + 1.0
+    delay = 0.00002
+    while tid is not None and os.path.exists(f"/proc/self/task/{tid}"):
+        if time.monotonic() > deadline:
+            return  # the next freeze fails closed (denies) if it cannot seize
+        time.sleep(delay)
+        delay = min(_POLL, delay * 2)
+
+
 class FreezeError(Exception):
     """The sandbox could not be frozen; the held call must be denied."""
 
@@ -107,6 +121,7 @@ class Freeze:
         if t.is_alive():  # cannot happen with bounded waits; never leave tracees behind
             self._kill_group()
             raise FreezeError("the freeze did not end in time; the sandbox was killed")
+        _await_exit(t.native_id)
         if outcome and isinstance(outcome[0], BaseException):
             raise outcome[0]
 
@@ -193,6 +208,8 @@ class Freeze:
                 if tid == self.caller and kind != "gone":
                     return "returned" if kind == "stop" else "gone"
                 if tid == self.tgid and tid != self.caller and kind != "stop":
+                    if tid not in self.seized and self._caller_exists():
+                        continue  # a leader gone before the freeze (never ours) says nothing
                     return "gone"  # all exited
                 if kind == "gone" and len(watch) == 1:
                     return "gone"
@@ -209,6 +226,9 @@ class Freeze:
                         return "gone"
             time.sleep(delay)
             delay = min(_POLL, delay * 2 or 0.00002)
+
+    def _caller_exists(self) -> bool:
+        return ptrace.thread_state(self.tgid, self.caller) not in ("", "Z", "X")
 
     def _kill_caller(self) -> None:
         try:

@@ -15,7 +15,7 @@ import errno
 
 from ..syscall_filter import clone_refusal
 from .forks import is_process
-from .network import CONTINUE
+from .network import CONTINUE, Defer, Guard
 from .request import Denied, Request
 
 
@@ -28,7 +28,11 @@ def _observed(name: str):
                 raise Denied(errno.EPERM, refusal)
         budget = session.forks
         if budget is not None and is_process(name, req.args[0] if name == "clone" else 0):
-            budget.admit(session, req.pid)
+            # Counted on a worker: walking a large tree must not stall other sandboxes.
+            def admit():
+                budget.admit(session, req.pid)
+                return CONTINUE
+            return Defer(admit, Guard(-1))
         rt = session.runtime
         if rt is not None and "process" in rt.events:
             try:

@@ -21,6 +21,7 @@ Rules enforced here:
 from __future__ import annotations
 
 import atexit
+import collections
 import errno
 import os
 import select
@@ -143,6 +144,12 @@ def _exec_in_workspace(name, other):
 
 PENDING_CHECK = 0.2  # seconds between checks for deferred calls whose caller is gone
 MAX_DEFERRED_PER_SANDBOX = 32
+# Calls of one sandbox waiting for one of its MAX_DEFERRED workers: each is a task blocked
+# in its notification (one at most per task), answered in order as workers free up. Those
+# holding duplicates of the caller's fds (an on-behalf send or connect) take the
+# supervisor's fds, which every sandbox shares: fewer of them wait.
+MAX_BACKLOG_PER_SANDBOX = 4096
+MAX_BACKLOG_FDS_PER_SANDBOX = 64
 FREEZE_LIMIT = 1.0   # seconds to freeze a sandbox, and again for a released call to return
 # Calls a policy_fn may hold: with one, their handlers run on a worker from the start.
 HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", "execveat",
@@ -150,6 +157,10 @@ HELD = frozenset({"connect", "sendto", "sendmsg", "sendmmsg", "bind", "execve", 
                   "mknodat", "unlink", "unlinkat", "rmdir", "truncate"})
 # (Handlers of the copy-on-write workdir, supervisor.cow_calls, run on this thread: the
 # layer's lock orders them with the ones a policy_fn makes run on workers.)
+
+
+def _fds_held(guard) -> int:
+    return 0 if guard is None else sum(1 for fd in (guard.fd, *guard.others) if fd >= 0)
 
 
 class Session:
@@ -172,6 +183,8 @@ class Session:
         self.denials: list[dict] = []
         self.denied_count = 0
         self.deferred = 0  # on-behalf calls in progress on worker threads
+        self.backlog: collections.deque = collections.deque()  # calls waiting for one
+        self.backlog_fds = 0  # fds the waiting calls hold
         self.root = 0      # set once started: every sandboxed process descends from it
         self.listener = -1
         self.released = threading.Event()
@@ -391,26 +404,42 @@ class Supervisor:
 
     def _submit(self, req, session, fn, *args, guard=None, pool=None) -> None:
         """Run fn(*args) on a worker. One sandbox may not occupy every worker: past its
-        quota its calls fail with EAGAIN (retried by libc or the program) instead of
-        starving the others. A Defer's guard is registered so a dead caller aborts it."""
-        if session.deferred >= MAX_DEFERRED_PER_SANDBOX:
+        quota its calls wait in its backlog for one of its own to finish (a make -j or a
+        pool of threads each blocked in a held call must not see EAGAIN from an exec or a
+        fork); past the backlog's bound they fail with EAGAIN. A Defer's guard is
+        registered so a dead caller aborts it."""
+        entry = (req.listener, req.id, guard) if guard is not None else None
+        with self._pending_lock:
+            if session.deferred >= MAX_DEFERRED_PER_SANDBOX:
+                fds = _fds_held(guard)
+                if len(session.backlog) < MAX_BACKLOG_PER_SANDBOX and \
+                        session.backlog_fds + fds <= MAX_BACKLOG_FDS_PER_SANDBOX:
+                    session.backlog_fds += fds
+                    session.backlog.append((req, fn, args, entry, pool))
+                    if entry is not None:
+                        self._pending.add(entry)
+                    return
+                refused = True
+            else:
+                refused = False
+                session.deferred += 1
+                if entry is not None:
+                    self._pending.add(entry)
+        if refused:
             if guard is not None:
                 guard.close()
             self._send(req, session, ("error", errno.EAGAIN))
             return
-        entry = (req.listener, req.id, guard) if guard is not None else None
-        with self._pending_lock:
-            session.deferred += 1
-            if entry is not None:
-                self._pending.add(entry)
+        self._start(session, req, fn, args, entry, pool)
+
+    def _start(self, session, req, fn, args, entry, pool) -> None:
+        """Hand a call counted in session.deferred to a worker."""
         try:
             (pool or self._pool()).submit(self._on_worker, session, entry, fn, *args)
         except BaseException:  # no worker could be started: deny, never hang
-            with self._pending_lock:
-                session.deferred -= 1
-                self._pending.discard(entry)
-            if guard is not None:
-                guard.close()
+            self._done(session, entry)
+            if entry is not None:
+                entry[2].close()
             self._send(req, session, ("error", errno.EAGAIN))
 
     def _on_worker(self, session, entry, fn, *args) -> None:
@@ -422,9 +451,31 @@ class Supervisor:
         finally:
             if guard is not None:
                 guard.leave()
-            with self._pending_lock:
-                session.deferred -= 1
-                self._pending.discard(entry)
+            self._done(session, entry)
+
+    def _done(self, session, entry) -> None:
+        """A deferred call finished: its worker goes to the sandbox's next waiting call
+        (one whose caller has gone meanwhile is answered, and its fds released, unrun)."""
+        gone = []
+        with self._pending_lock:
+            session.deferred -= 1
+            self._pending.discard(entry)
+            nxt = None
+            while session.backlog and session.deferred < MAX_DEFERRED_PER_SANDBOX:
+                req, fn, args, waiting, pool = session.backlog.popleft()
+                session.backlog_fds -= _fds_held(waiting[2] if waiting else None)
+                if seccomp.notif_id_valid(req.listener, req.id):
+                    nxt = (req, fn, args, waiting, pool)
+                    session.deferred += 1
+                    break
+                self._pending.discard(waiting)
+                gone.append((req, waiting))
+        for req, waiting in gone:
+            if waiting is not None:
+                waiting[2].close()
+            self._send(req, session, ("error", errno.EINTR))
+        if nxt is not None:
+            self._start(session, *nxt)
 
     def _finish_deferred(self, req, session, name, fn) -> None:
         def run():

@@ -87,9 +87,11 @@ def _opened(req: Request, session, before: dict, outcome: str) -> str | None:
     """After an open let through while paths are denied: the fd it installed (the one
     new number in the caller's table; every task is still frozen) must not reach a denied
     object, whatever the path became between our read and the kernel's."""
-    if outcome != "returned" or "fds" not in before:
+    if "fds" not in before:
         return None
     table = before["table"]
+    if outcome == "exec" or (outcome == "gone" and not os.path.exists(table)):
+        return None  # no fd of the open is left to use
     try:
         new = _listing(table) - before["fds"]
         refusal = None
