@@ -4,7 +4,9 @@
     result = Sandbox(fs_readable=["/usr", "/lib", "/etc"], fs_writable=["/tmp"]).run(["ls", "/"])
 """
 
-from .errors import KernelFeatureError, PolicyError, SandboxError, SandlockError
+from .errors import (BranchConflictError, BranchError, ChildError, ConfinementError, ForkError,
+                     KernelFeatureError, LandlockUnavailableError, MemoryProtectError,
+                     NotifError, PolicyError, SandboxError, SandlockError, SeccompError)
 
 __version__ = "0.1.0"
 
@@ -18,6 +20,8 @@ _LAZY = {
     "Stage": "pipeline", "Pipeline": "pipeline",
     "secret_paths": "home_policy", "persistence_paths": "home_policy",
     "toolchain_grants": "toolchain",
+    "SyscallEvent": "supervisor.runtime", "PolicyContext": "supervisor.runtime",
+    "Protection": "features", "min_landlock_abi": "features", "parse_ports": "policy",
 }
 
 
@@ -33,7 +37,12 @@ def __getattr__(name):
 
 __all__ = [
     "Sandbox", "Process", "Result", "ExitReason", "StdioMode", "BranchAction", "Stage",
-    "Pipeline", "confine", "landlock_abi_version", "system_readable", "system_devices",
-    "system_denied", "secret_paths", "persistence_paths", "toolchain_grants", "SandlockError", "PolicyError", "KernelFeatureError", "SandboxError",
+    "Pipeline", "SyscallEvent", "PolicyContext", "Protection", "confine",
+    "landlock_abi_version", "min_landlock_abi", "parse_ports", "system_readable",
+    "system_devices", "system_denied", "secret_paths", "persistence_paths",
+    "toolchain_grants",
+    "SandlockError", "PolicyError", "SandboxError", "ForkError", "ConfinementError",
+    "KernelFeatureError", "LandlockUnavailableError", "SeccompError", "NotifError",
+    "ChildError", "BranchError", "BranchConflictError", "MemoryProtectError",
     "__version__",
 ]

@@ -231,16 +231,16 @@ def _run(a, net_run: bool = False) -> int:
     fg = Foreground(proc.root)  # the root's process group: the program starts in it
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        code = proc.wait(timeout=timeout)
+        code = proc.wait_code(timeout=timeout)
         status = code if code >= 0 else 128 - code
     except TimeoutError:
         proc.kill()
-        proc.wait()
+        proc.wait_code()
         _say(f"timed out after {timeout:g}s; the sandbox was killed")
         status = EXIT_TIMEOUT
     except KeyboardInterrupt:
         proc.kill()
-        proc.wait()
+        proc.wait_code()
         status = 130
     finally:
         fg.restore()

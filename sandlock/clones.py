@@ -324,7 +324,7 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
     """Run init_fn once confined, then n clones of it running work_fn(clone_id). Returns
     once every clone is forked; past `timeout` (init_fn included) everything is killed."""
     from . import syscall_filter
-    from .features import detect
+    from .features import Protection, detect
     if not callable(sandbox.work_fn):
         raise PolicyError("fork(): work_fn must be set (a callable taking the clone id)")
     if sandbox.init_fn is not None and not callable(sandbox.init_fn):
@@ -335,7 +335,8 @@ def fork(sandbox, n: int, timeout: float | None = None) -> ForkResult:
     deny_unix, deny_listen = check_policy(policy)
     conf = sandbox._confinement()
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised=False,
-                                        deny_inet=detect().landlock_abi < 4,
+                                        deny_inet=detect().landlock_abi < 4
+                                        or Protection.NET_TCP in policy.waived,
                                         deny_unix=deny_unix, deny_listen=deny_listen)
     highest = max(int(x) for x in os.listdir("/proc/self/fd"))
     _ensure_nofile(highest + n + 16)  # the clones' read ends stay here until wait()

@@ -11,6 +11,7 @@ import resource
 from dataclasses import dataclass
 
 from . import features, fs_rules, syscall_filter
+from .features import Protection
 import fcntl
 import os
 
@@ -129,13 +130,23 @@ def _build_ruleset(policy: Policy, abi: int, network: bool = True,
     if abi < 1:
         return None
     handled_net = 0
-    if abi >= 4 and network:
+    waived = policy.waived
+    if abi >= 4 and network and Protection.NET_TCP not in waived:
         if not policy.tcp_connect.any_port:
             handled_net |= landlock.NET_CONNECT_TCP
         if not policy.tcp_bind.any_port:
             handled_net |= landlock.NET_BIND_TCP
-    ruleset = landlock.LandlockRuleset(abi, landlock.fs_rights_for_abi(abi), handled_net,
-                                       landlock.scopes_for_abi(abi))
+    fs_rights, scopes = landlock.fs_rights_for_abi(abi), landlock.scopes_for_abi(abi)
+    for protection, right in ((Protection.FS_REFER, landlock.FS_REFER),
+                              (Protection.FS_TRUNCATE, landlock.FS_TRUNCATE),
+                              (Protection.FS_IOCTL_DEV, landlock.FS_IOCTL_DEV)):
+        if protection in waived:
+            fs_rights &= ~right  # not handled: that access is Landlock's no more
+    if Protection.SIGNAL_SCOPE in waived:
+        scopes &= ~landlock.SCOPE_SIGNAL
+    if Protection.ABSTRACT_UNIX_SOCKET_SCOPE in waived:
+        scopes &= ~landlock.SCOPE_ABSTRACT_UNIX_SOCKET
+    ruleset = landlock.LandlockRuleset(abi, fs_rights, handled_net, scopes)
     try:
         fs_rules.add_path_rules(ruleset, rules if rules is not None else _plan(policy))
         if handled_net & landlock.NET_CONNECT_TCP:
@@ -160,8 +171,15 @@ def _sealed_memfd(name: str, data: bytes) -> int:
 
 
 def build(policy: Policy) -> Confinement:
-    accepted = features.check(policy.allow_degraded)
+    accepted = features.check(policy.allow_degraded, policy.waived)
     kf = features.detect()
+    no_tcp_rules = kf.landlock_abi < 4 or Protection.NET_TCP in policy.waived
+    if Protection.NET_TCP in policy.waived and (
+            policy.endpoints.allow or policy.tcp_bind.ports or policy.tcp_bind.any_port
+            or policy.http is not None):
+        raise PolicyError("disable=[Protection.NET_TCP]: without Landlock's TCP rules every "
+                          "TCP socket is refused, so the network rules of this policy could "
+                          "not apply; remove them or the waiver")
     supervised = features.supervisor_available(kf)
     base = caps.capget()
     cap_sets = None
@@ -223,7 +241,7 @@ def build(policy: Policy) -> Confinement:
         if listing:
             protect_fd = _sealed_memfd("sandlock-protect", listing)
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised,
-                                        deny_inet=kf.landlock_abi < 4,
+                                        deny_inet=no_tcp_rules,
                                         net_supervised=net_supervised,
                                         udp=policy.udp and net_supervised,
                                         icmp=policy.icmp and net_supervised,

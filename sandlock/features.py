@@ -10,6 +10,7 @@ this is how the test suite exercises the old-kernel paths on a new kernel.
 
 from __future__ import annotations
 
+import enum
 import errno
 import functools
 import os
@@ -21,6 +22,32 @@ from ._kernel.syscall import NR_FCHMODAT2, syscall
 
 # The full protection set: Landlock ABI 6 (Linux 6.12) for IPC scopes, plus TCP rules (6.7).
 FULL_LANDLOCK_ABI = 6
+
+
+class Protection(enum.IntEnum):
+    """A Landlock protection a sandbox may waive explicitly (Sandbox(disable=[...]), as in
+    upstream Sandlock): it is then neither required of the kernel nor applied. Waiving one
+    never loosens another mechanism's rule: with NET_TCP waived, every IPv4/IPv6 socket is
+    refused as on a kernel without Landlock's TCP rules, and a policy with network rules
+    is refused. FS_REFER waived makes moving or linking across directories fail (EXDEV)."""
+
+    FS_REFER = 0
+    FS_TRUNCATE = 1
+    NET_TCP = 2
+    FS_IOCTL_DEV = 3
+    SIGNAL_SCOPE = 4
+    ABSTRACT_UNIX_SOCKET_SCOPE = 5
+
+    @property
+    def min_abi(self) -> int:
+        """The Landlock ABI that brings it."""
+        return (2, 3, 4, 5, 6, 6)[self.value]
+
+
+def min_landlock_abi() -> int:
+    """The Landlock ABI a sandbox needs for every protection (less only with
+    allow_degraded, or with the protections it lacks waived)."""
+    return FULL_LANDLOCK_ABI
 
 
 @dataclass(frozen=True)
@@ -103,20 +130,22 @@ def detect() -> KernelFeatures:
     )
 
 
-def degradations(f: KernelFeatures) -> list[str]:
-    """Every protection a sandbox on this kernel lacks, as sentences for the user."""
+def degradations(f: KernelFeatures, waived=frozenset()) -> list[str]:
+    """Every protection a sandbox on this kernel lacks, as sentences for the user; those in
+    `waived` (Protection) are not lost but given up, and not listed."""
     lost = []
     abi = f.landlock_abi
     if abi < 1:
         lost.append("no Landlock: the filesystem is not confined at all")
     else:
-        if abi < 3:
+        if abi < 3 and Protection.FS_TRUNCATE not in waived:
             lost.append(f"Landlock ABI {abi}: truncate() is not restricted")
-        if abi < 4:
+        if abi < 4 and Protection.NET_TCP not in waived:
             lost.append(f"Landlock ABI {abi}: no TCP port rules, so all TCP sockets are denied")
-        if abi < 5:
+        if abi < 5 and Protection.FS_IOCTL_DEV not in waived:
             lost.append(f"Landlock ABI {abi}: ioctl on devices is not restricted")
-        if abi < 6:
+        if abi < 6 and not {Protection.SIGNAL_SCOPE,
+                            Protection.ABSTRACT_UNIX_SOCKET_SCOPE} <= set(waived):
             lost.append(f"Landlock ABI {abi}: signals and abstract unix sockets can reach "
                         f"processes outside the sandbox (the sandbox's own root included: a "
                         f"program that kills it can leave processes running after the "
@@ -151,14 +180,16 @@ def costs(f: KernelFeatures) -> list[tuple[str, str]]:
     return out
 
 
-def check(allow_degraded: bool) -> list[str]:
-    """Raise KernelFeatureError unless the kernel has everything or degrading is allowed;
-    returns the list of degradations accepted."""
-    from .errors import KernelFeatureError
+def check(allow_degraded: bool, waived=frozenset()) -> list[str]:
+    """Raise KernelFeatureError unless the kernel has everything (but the protections
+    `waived`) or degrading is allowed; returns the list of degradations accepted."""
+    from .errors import KernelFeatureError, LandlockUnavailableError
     f = detect()
-    lost = degradations(f)
+    lost = degradations(f, waived)
     if lost and not allow_degraded:
-        raise KernelFeatureError(
+        error = LandlockUnavailableError if f.landlock_abi < FULL_LANDLOCK_ABI else \
+            KernelFeatureError
+        raise error(
             f"kernel lacks {', '.join(f.missing())} (Landlock ABI {f.landlock_abi}, "
             f"need {FULL_LANDLOCK_ABI}: Linux 6.12+); pass allow_degraded=True "
             f"(--allow-degraded) to run with less protection")

@@ -21,7 +21,7 @@ import struct
 from . import libexec
 from ._kernel.pidfd import pidfd_getfd, pidfd_open
 from .confinement import Confinement
-from .errors import SandboxError
+from .errors import ChildError, ForkError, NotifError, SandboxError
 
 HELPER = libexec.path("sandlock-exec")
 
@@ -158,7 +158,7 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
         status.close()
         control.close()
         root_control.close()
-        raise SandboxError(f"starting the sandbox failed: posix_spawn: {e.strerror}") from None
+        raise ForkError(f"starting the sandbox failed: posix_spawn: {e.strerror}") from None
     os.close(status_w)
     os.close(ack_r)
     root_control.close()
@@ -177,7 +177,7 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
             raise _setup_error(rec)
         if conf.send_listener:
             if len(passed) != 1:
-                raise SandboxError("the sandbox did not pass its seccomp listener")
+                raise NotifError("the sandbox did not pass its seccomp listener")
             listener = passed.pop()
         else:
             program_fd = pidfd_open(program)
@@ -205,8 +205,8 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
             raise SandboxError(f"sandbox setup did not finish within {SETUP_TIMEOUT:.0f}s; "
                                f"the process was killed") from None
         if isinstance(e, OSError):
-            raise SandboxError(f"handing the seccomp listener to the supervisor failed: "
-                               f"{e.strerror}") from None
+            raise NotifError(f"handing the seccomp listener to the supervisor failed: "
+                             f"{e.strerror}") from None
         raise
     finally:
         for fd in passed:
@@ -218,12 +218,13 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
 
 def _setup_error(rec) -> SandboxError:
     if rec is None:
-        return SandboxError("the sandbox exited during setup")
+        return ChildError("the sandbox exited during setup")
     step, err = rec
     name = STEPS[step] if 0 <= step < len(STEPS) else f"step {step}"
     detail = os.strerror(err) if err > 0 else "unexpected error"
-    return SandboxError(f"sandbox setup failed at {name}: {detail} "
-                        f"({errno.errorcode.get(err, err)})")
+    from .errors import STEP_ERRORS
+    return STEP_ERRORS.get(name, ChildError)(f"sandbox setup failed at {name}: {detail} "
+                                             f"({errno.errorcode.get(err, err)})")
 
 
 def _kill_and_reap(pid: int, pidfd: int) -> None:

@@ -130,6 +130,7 @@ class Policy:
     protection: object = None        # home_policy.HomePlan (protect_user_files), or None
     protect_mode: str = ""           # "mounts" or "landlock" (sandlock.protect)
     limits: object = None            # sandlock.limits.Limits
+    waived: frozenset = frozenset()  # features.Protection given up explicitly (disable=)
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -142,7 +143,6 @@ _NOT_YET = {
     "no_randomize_memory": "determinism controls", "no_huge_pages": "determinism controls",
     "deterministic_dirs": "determinism controls",
     "uid": "uid/gid mapping", "gid": "uid/gid mapping",
-    "disable": "protection waivers",
 }
 
 
@@ -172,6 +172,46 @@ def _paths(field: str, values, must_exist: bool) -> tuple[str, ...]:
             raise PolicyError(f"{field}: {p} does not exist")
         out.append(real)
     return tuple(dict.fromkeys(out))
+
+
+def parse_waived(values) -> frozenset:
+    """disable=[Protection.X, ...] (or their names, or their numbers)."""
+    from .features import Protection
+    if values is None:
+        return frozenset()
+    if isinstance(values, (str, int)):
+        values = [values]
+    out = set()
+    for v in values:
+        try:
+            if isinstance(v, str):
+                out.add(Protection[v.upper()])
+            else:
+                out.add(Protection(v))
+        except (KeyError, ValueError):
+            raise PolicyError(f"disable: {v!r} is not a protection (one of "
+                              f"{', '.join(p.name for p in Protection)})") from None
+    return frozenset(out)
+
+
+def parse_ports(specs) -> list[int]:
+    """Port specs (ints, or strings of ports and lo-hi ranges joined by commas, as in
+    --net-allow-bind) as a sorted list of distinct ports; upstream Sandlock's helper.
+    Raises PolicyError (a ValueError) on a bad spec."""
+    ports: set[int] = set()
+    for spec in specs:
+        if isinstance(spec, bool) or not isinstance(spec, (int, str)):
+            raise PolicyError(f"parse_ports: {spec!r} is not a port spec")
+        if isinstance(spec, int):
+            if not 0 <= spec <= 65535:
+                raise PolicyError(f"parse_ports: port {spec} is outside 0-65535")
+            ports.add(spec)
+            continue
+        result = parse_port_list(spec.replace(" ", ""), "parse_ports", spec, allow_zero=True)
+        if result.any_port:
+            raise PolicyError(f"parse_ports: {spec!r}: '*' names no port")
+        ports |= result.ports
+    return sorted(ports)
 
 
 def parse_port(text: str, field: str, spec: str, allow_zero: bool = False) -> int:
@@ -517,6 +557,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         private_tmp=_private_tmp(fields.get("private_tmp"), workspace),
         protection=protection, protect_mode=protect_mode,
         limits=parse_limits(fields),
+        waived=parse_waived(fields.get("disable")),
     )
 
 

@@ -6,6 +6,7 @@ builds its kernel objects once, on first use; every run after that reuses them.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import io
 import os
@@ -353,10 +354,10 @@ class Sandbox:
         fg = Foreground(proc.root)
         try:
             try:
-                proc.wait(timeout)
+                proc.wait_code(timeout)
             except TimeoutError:
                 proc.time_out()
-                proc.wait()
+                proc.wait_code()
         finally:
             fg.restore()
         with proc:
@@ -526,6 +527,7 @@ class Process:
         self._lock = threading.Lock()
         self._cleanup: list = []  # run once every task is gone (its private TMPDIR)
         self._watch: _RootWatch | None = None  # once the root was asked to end the tree
+        self._result: Result | None = None  # once ended and reported (wait, communicate)
 
     # -- lifecycle --
 
@@ -638,7 +640,21 @@ class Process:
         self._control.close()
         return ExitReason.MEMORY if b"M" in data else None
 
-    def wait(self, timeout: float | None = None) -> int:
+    def wait(self, timeout: float | None = None) -> Result:
+        """Wait for the sandbox to end and return its Result, as upstream Sandlock's
+        Process.wait: at `timeout` every process of it is killed and the Result says
+        TIMEOUT, so the wait never outlasts it. A piped stdin still open is closed first
+        (a program reading to its end can then exit); piped stdout and stderr stay the
+        caller's to read, and the Result carries neither. A second call returns the same
+        Result. wait_code() is the subprocess-like spelling."""
+        if self._result is not None:
+            return self._result
+        self._close_stdin()
+        if self._status is None and not self._exited(timeout):
+            self.time_out()
+        return self._finish(b"", b"")
+
+    def wait_code(self, timeout: float | None = None) -> int:
         """Wait for exit; returns the exit code (negative signal number if signalled).
         Raises TimeoutError if `timeout` passes first (the process keeps running)."""
         if self._status is None and not self._exited(timeout):
@@ -714,13 +730,20 @@ class Process:
             sel.close()
         if self._status is None:
             self._end()
+        return self._finish(bytes(out), bytes(err))
+
+    def _finish(self, out: bytes, err: bytes) -> Result:
+        """The Result of the ended sandbox (its workspace reported once)."""
         reason, code, sig = self._reap()
+        if self._result is not None:
+            return dataclasses.replace(self._result, stdout=out, stderr=err)
         result = Result(success=(reason == ExitReason.EXITED and code == 0),
-                        exit_code=code, stdout=bytes(out), stderr=bytes(err),
+                        exit_code=code, stdout=out, stderr=err,
                         error=self._error_text(reason), reason=reason, signal=sig,
                         denials=list(self._session.denials), flagged=self.flagged)
         if self._workspace is not None:
             self._workspace.report(result)
+        self._result = dataclasses.replace(result, stdout=b"", stderr=b"")
         return result
 
     @property
@@ -1004,7 +1027,7 @@ def confine(sandbox: Sandbox) -> None:
     if threads != 1:
         raise SandlockError(f"confine() needs a single-threaded process (this one has "
                             f"{threads} threads): call it before starting threads")
-    check(sandbox.allow_degraded)
+    check(sandbox.allow_degraded, sandbox.policy.waived)
     ruleset = _confinement._build_ruleset(policy, detect().landlock_abi, network=False)
     if ruleset is None:
         return

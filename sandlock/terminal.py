@@ -41,6 +41,13 @@ class Foreground:
             self.fd = -1
         if self.fd >= 0:
             self._give(pgid)
+            # As a shell's `fg` does: a program that looked at the terminal before it was
+            # handed over (an interactive bash does at once) stopped itself with SIGTTIN
+            # and waits to be continued in the foreground.
+            try:
+                os.killpg(pgid, signal.SIGCONT)
+            except OSError:
+                pass
 
     def _give(self, pgid: int) -> None:
         # A background group's tcsetpgrp stops it with SIGTTOU unless SIGTTOU is blocked.

@@ -56,7 +56,7 @@ def test_missing_kernel_feature_is_an_error_and_nothing_runs(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and not marker.exists()
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("sandlock.errors.KernelFeatureError: kernel lacks")
+    assert last.startswith("sandlock.errors.LandlockUnavailableError: kernel lacks")
     assert "Landlock ABI 3" in last and "allow_degraded" in last
 
 

@@ -115,7 +115,7 @@ def test_popen_streams_are_files_read_and_written_as_the_program_runs():
         assert p.is_running
         p.stdin.close()  # EOF: the program ends
         assert p.stdin is None
-        assert p.wait(10) == 0
+        assert p.wait(10).exit_code == 0
         assert reader.read() == b"" and p.stderr.read() == b"bye\n"
     with sandbox().popen(["true"], stdout=StdioMode.NULL) as p:
         assert p.stdin is None and p.stdout is None and p.stderr is None
@@ -131,9 +131,10 @@ def test_popen_wait_kill_and_pause():
             assert f.read().split()[2] == "T"
         p.resume()
         with pytest.raises(TimeoutError):
-            p.wait(timeout=0.1)
+            p.wait_code(timeout=0.1)
         p.kill()
-        assert p.wait(timeout=5) == -signal.SIGKILL
+        assert p.wait_code(timeout=5) == -signal.SIGKILL
+        assert p.wait().reason == ExitReason.KILLED
         assert not p.is_running
 
 

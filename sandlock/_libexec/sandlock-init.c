@@ -214,18 +214,25 @@ static long long now_ns(void) {
     return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* /proc/PID/stat's fields after the comm (field 3, the state, first), or NULL. */
-static char *stat_rest(pid_t pid, char *buf, size_t size) {
+/* The start of /proc/PID/FILE in `buf` (NUL-terminated), or 0 if it cannot be read. */
+static int read_proc(pid_t pid, const char *file, char *buf, size_t size) {
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    snprintf(path, sizeof path, "/proc/%d/%s", pid, file);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return NULL;
+        return 0;
     ssize_t len = read(fd, buf, size - 1);
     close(fd);
     if (len <= 0)
-        return NULL;
+        return 0;
     buf[len] = 0;
+    return 1;
+}
+
+/* /proc/PID/stat's fields after the comm (field 3, the state, first), or NULL. */
+static char *stat_rest(pid_t pid, char *buf, size_t size) {
+    if (!read_proc(pid, "stat", buf, size))
+        return NULL;
     char *p = strrchr(buf, ')');
     return p && p[1] == ' ' ? p + 2 : NULL;
 }
@@ -256,18 +263,9 @@ static long long tree_memory(long long limit) {
     if (!page)
         page = sysconf(_SC_PAGESIZE);
     long long total = 0;
+    char buf[2048];
     for (int i = 0; i < n_members; i++) {
-        char path[64], buf[256];
-        snprintf(path, sizeof path, "/proc/%d/statm", members[i]);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t len = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (len <= 0)
-            continue;
-        buf[len] = 0;
-        char *p = strchr(buf, ' ');
+        char *p = read_proc(members[i], "statm", buf, sizeof buf) ? strchr(buf, ' ') : NULL;
         if (p)
             total += atoll(p + 1) * page;
     }
@@ -275,17 +273,8 @@ static long long tree_memory(long long limit) {
         return total;
     total = 0;
     for (int i = 0; i < n_members; i++) {
-        char path[64], buf[2048];
-        snprintf(path, sizeof path, "/proc/%d/smaps_rollup", members[i]);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t len = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (len <= 0)
-            continue;
-        buf[len] = 0;
-        char *p = strstr(buf, "\nPss:");
+        char *p = read_proc(members[i], "smaps_rollup", buf, sizeof buf) ?
+            strstr(buf, "\nPss:") : NULL;
         if (p)
             total += atoll(p + 5) * 1024;
     }

@@ -433,14 +433,19 @@ class Supervisor:
         self._start(session, req, fn, args, entry, pool)
 
     def _start(self, session, req, fn, args, entry, pool) -> None:
-        """Hand a call counted in session.deferred to a worker."""
-        try:
-            (pool or self._pool()).submit(self._on_worker, session, entry, fn, *args)
-        except BaseException:  # no worker could be started: deny, never hang
-            self._done(session, entry)
-            if entry is not None:
-                entry[2].close()
-            self._send(req, session, ("error", errno.EAGAIN))
+        """Hand a call counted in session.deferred to a worker (and, if no worker can be
+        started, deny it and try the next waiting call: a loop, never a recursion)."""
+        call = (req, fn, args, entry, pool)
+        while call is not None:
+            req, fn, args, entry, pool = call
+            try:
+                (pool or self._pool()).submit(self._on_worker, session, entry, fn, *args)
+                return
+            except BaseException:  # no worker could be started: deny, never hang
+                call = self._done(session, entry)
+                if entry is not None:
+                    entry[2].close()
+                self._send(req, session, ("error", errno.EAGAIN))
 
     def _on_worker(self, session, entry, fn, *args) -> None:
         guard = entry[2] if entry is not None else None
@@ -451,11 +456,14 @@ class Supervisor:
         finally:
             if guard is not None:
                 guard.leave()
-            self._done(session, entry)
+            call = self._done(session, entry)
+            if call is not None:
+                self._start(session, *call)
 
-    def _done(self, session, entry) -> None:
-        """A deferred call finished: its worker goes to the sandbox's next waiting call
-        (one whose caller has gone meanwhile is answered, and its fds released, unrun)."""
+    def _done(self, session, entry):
+        """A deferred call finished: returns the sandbox's next waiting call, now counted
+        in session.deferred, for the caller to start, or None (one whose caller has gone
+        meanwhile is answered, and its fds released, unrun)."""
         gone = []
         with self._pending_lock:
             session.deferred -= 1
@@ -474,8 +482,7 @@ class Supervisor:
             if waiting is not None:
                 waiting[2].close()
             self._send(req, session, ("error", errno.EINTR))
-        if nxt is not None:
-            self._start(session, *nxt)
+        return nxt
 
     def _finish_deferred(self, req, session, name, fn) -> None:
         def run():
