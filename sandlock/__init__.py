@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 # The rest is imported on first use, so that `sandlock check`, `sandlock audit` and programs
 # that only need the errors do not pay for the whole package at start-up.
 _LAZY = {
-    "Sandbox": "sandbox", "Process": "sandbox", "StdioMode": "sandbox",
+    "Sandbox": "sandbox", "Process": "process", "StdioMode": "sandbox",
     "BranchAction": "sandbox", "confine": "sandbox", "landlock_abi_version": "sandbox",
     "Result": "result", "ExitReason": "result",
     "system_readable": "policy", "system_devices": "policy", "system_denied": "policy",

@@ -19,7 +19,7 @@ import socket
 import struct
 
 from . import libexec
-from ._kernel.pidfd import pidfd_getfd, pidfd_open
+from ._kernel.pidfd import pidfd_getfd, pidfd_open, pidfd_send_signal
 from .confinement import Confinement
 from .errors import ChildError, ForkError, NotifError, SandboxError
 
@@ -44,12 +44,27 @@ class Spawned:
     control socket (limits in, the reason of an end it decided out); any exec error."""
 
     def __init__(self, pid: int, root: int, pidfd: int, control: socket.socket,
-                 exec_error: str | None):
+                 exec_error: str | None, release=None):
         self.pid = pid
         self.root = root
         self.pidfd = pidfd
         self.control = control
         self.exec_error = exec_error
+        self._release = release  # a held start: the program waits before its exec
+
+    def release(self) -> None:
+        """Let a held program exec (spawn(hold=True)); sets exec_error if the exec failed."""
+        if self._release is None:
+            raise SandboxError("this sandbox was not held before its exec, or was released")
+        release, self._release = self._release, None
+        self.exec_error = release()
+
+    def discard(self) -> None:
+        """A held program that will never be released (it is being killed): release the
+        channels its release would have used."""
+        if self._release is not None:
+            release, self._release = self._release, None
+            release(discard=True)
 
 
 def _read_record(sock: socket.socket, timeout: float, fds: list | None = None):
@@ -104,8 +119,10 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
 
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
           cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None,
-          run_rules: dict | None = None, ruleset_ready=None) -> Spawned:
-    """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit).
+          run_rules: dict | None = None, ruleset_ready=None, hold: bool = False) -> Spawned:
+    """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit). With
+    `hold`, the program stops short of its exec, confined and attached, until
+    Spawned.release() (upstream's create()/start()).
 
     `attach(listener_fd, root)` hands our duplicate of the listener to the supervisor; it
     runs while the trampoline waits, before the program is exec'd. `root` is the pid of
@@ -124,13 +141,13 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     try:
         if ruleset_ready is not None and ruleset is not None:
             ruleset_ready(ruleset.fd)
-        return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay)
+        return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold)
     finally:
         if ruleset is not None and ruleset is not conf.ruleset:
             ruleset.close()
 
 
-def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawned:
+def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold) -> Spawned:
     status, child_status = socket.socketpair(socket.AF_UNIX,
                                              socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     status_w = child_status.detach()
@@ -164,6 +181,7 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
     root_control.close()
     pidfd = -1
     passed: list[int] = []
+    held = False
     try:
         pidfd = pidfd_open(pid)
         rec = _read_record(status, SETUP_TIMEOUT, passed)
@@ -186,18 +204,29 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
             finally:
                 os.close(program_fd)
         attach(listener, pid)
-        os.write(ack_w, b"\x01")
-        os.close(ack_w)
-        ack_w = -1
-        rec = _read_record(status, SETUP_TIMEOUT)
-        exec_error = None
-        if rec is not None:
-            if rec[0] != _STEP["execve"]:
-                raise _setup_error(rec)
-            exec_error = f"execve {os.fsdecode(exe)}: {os.strerror(rec[1])}"
-            if rec[1] == errno.EACCES:
-                exec_error += " (is it, and its interpreter, beneath fs_readable?)"
-        return Spawned(program, pid, pidfd, control, exec_error)
+        if hold:
+            def release(status=status, ack_w=ack_w, discard=False):
+                if discard:
+                    os.close(ack_w)
+                    status.close()
+                    return None
+                try:
+                    return _release(status, ack_w, exe)
+                except BaseException as e:
+                    try:  # the Process owns the pidfd and reaps the root
+                        pidfd_send_signal(pidfd, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    if isinstance(e, TimeoutError):
+                        raise SandboxError(f"the program did not start within "
+                                           f"{SETUP_TIMEOUT:.0f}s; it was killed") from None
+                    raise
+                finally:
+                    status.close()
+            held, ack_w = True, -1  # both are the release's now
+            return Spawned(program, pid, pidfd, control, None, release)
+        ack, ack_w = ack_w, -1  # _release closes it
+        return Spawned(program, pid, pidfd, control, _release(status, ack, exe))
     except BaseException as e:
         control.close()
         _kill_and_reap(pid, pidfd)
@@ -211,9 +240,28 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay) -> Spawne
     finally:
         for fd in passed:
             os.close(fd)
-        status.close()
+        if not held:
+            status.close()
         if ack_w >= 0:
             os.close(ack_w)
+
+
+def _release(status: socket.socket, ack_w: int, exe: bytes) -> str | None:
+    """Tell the trampoline to exec (closing `ack_w`); the exec's error, or None once the
+    status channel closes with the exec (close-on-exec)."""
+    try:
+        os.write(ack_w, b"\x01")
+    finally:
+        os.close(ack_w)
+    rec = _read_record(status, SETUP_TIMEOUT)
+    if rec is None:
+        return None
+    if rec[0] != _STEP["execve"]:
+        raise _setup_error(rec)
+    error = f"execve {os.fsdecode(exe)}: {os.strerror(rec[1])}"
+    if rec[1] == errno.EACCES:
+        error += " (is it, and its interpreter, beneath fs_readable?)"
+    return error
 
 
 def _setup_error(rec) -> SandboxError:

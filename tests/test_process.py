@@ -376,8 +376,8 @@ def test_processes_woken_by_sigcont_timers_are_all_ended(tmp_path):
 def test_a_root_that_does_not_end_the_tree_is_ended_from_outside(monkeypatch):
     # The root is stopped from outside (standing in for a root that never handles the
     # request): killing the sandbox must still end every process and return.
-    import sandlock.sandbox as sandbox_module
-    monkeypatch.setattr(sandbox_module, "_ROOT_GRACE", 1.0)
+    import sandlock.process
+    monkeypatch.setattr(sandlock.process, "_ROOT_GRACE", 1.0)
     tag = f"stuckroot-{os.getpid()}"
     proc = sandbox().popen([PY, "-c", "import os, time\nif os.fork() == 0:\n"
                                       "    time.sleep(60)\ntime.sleep(60)", tag],

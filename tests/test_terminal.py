@@ -50,8 +50,8 @@ class Term:
         fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
     def close(self) -> int:
-        try:
-            os.kill(self.pid, 9)
+        try:  # its whole process group: a sandlock CLI left behind would wait forever
+            os.killpg(self.pid, 9)
         except ProcessLookupError:
             pass
         _, status = os.waitpid(self.pid, 0)

@@ -195,3 +195,108 @@ def test_a_kernel_without_a_protection_names_it_and_a_waiver_lifts_it():
                        env=dict(os.environ, PYTHONPATH=PYTHONPATH, SANDLOCK_TEST_LANDLOCK_ABI="5"),
                        timeout=60)
     assert r.stdout.split() == ["unavailable", "True"], r.stderr[-2000:]
+
+
+def _workdir(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("original\n")
+    return work
+
+
+def test_sandbox_commit_and_abort_after_a_deferred_run(tmp_path):
+    from sandlock import BranchAction
+    work = _workdir(tmp_path)
+    sb = sandbox(workdir=str(work), cwd=str(work), on_exit=BranchAction.DEFER)
+    with pytest.raises(SandlockError, match="nothing to commit"):
+        sb.commit()  # no run yet
+    r = sb.run(["sh", "-c", "echo changed > keep.txt; echo new > new.txt"])
+    assert r.success and r.pending
+    assert (work / "keep.txt").read_text() == "original\n" and not (work / "new.txt").exists()
+    sb.commit()
+    assert (work / "keep.txt").read_text() == "changed\n" and (work / "new.txt").exists()
+    with pytest.raises(SandlockError, match="nothing to commit"):
+        sb.commit()  # once only
+    r = sb.run(["sh", "-c", "rm new.txt"])
+    assert r.pending
+    sb.abort()
+    assert (work / "new.txt").read_text() == "new\n"  # discarded: the file is still there
+    with pytest.raises(SandlockError, match="nothing to abort"):
+        sb.abort()
+
+
+def test_dry_run_lists_the_changes_and_discards_them(tmp_path):
+    work = _workdir(tmp_path)
+    sb = sandbox(workdir=str(work), cwd=str(work))  # on_exit COMMIT: a plain run commits
+    r = sb.dry_run(["sh", "-c", "echo changed > keep.txt; echo new > new.txt"], timeout=30)
+    assert r.success
+    assert sorted(c.path for c in r.changes) == ["keep.txt", "new.txt"]
+    assert (work / "keep.txt").read_text() == "original\n" and not (work / "new.txt").exists()
+    r = sb.run(["sh", "-c", "echo new > new.txt"])  # the control: the same sandbox commits
+    assert r.success and (work / "new.txt").read_text() == "new\n"
+    with pytest.raises(PolicyError, match="dry_run needs a workdir"):
+        sandbox().dry_run(["true"])
+
+
+def test_lifecycle_create_start_wait(tmp_path):
+    marker = tmp_path / "ran"
+    sb = sandbox(fs_writable=[str(tmp_path)])
+    sb.create(["sh", "-c", f"touch {marker}; echo out; echo err >&2; exit 4"])
+    assert sb.pid is not None and sb.is_running
+    time.sleep(0.3)
+    assert not marker.exists()  # confined, its pid known, and none of it has run
+    with open(f"/proc/{sb.pid}/status") as f:
+        assert "NoNewPrivs:\t1" in f.read()  # already confined
+    with pytest.raises(SandlockError, match="already running"):
+        sb.create(["true"])
+    sb.start()
+    r = sb.wait(timeout=30)
+    assert (r.exit_code, r.stdout, r.stderr) == (4, b"out\n", b"err\n") and marker.exists()
+    assert sb.pid is None and not sb.is_running
+    with pytest.raises(SandlockError, match="nothing to wait for"):
+        sb.wait()
+
+
+def test_lifecycle_spawn_pause_resume_kill_and_a_context_manager(tmp_path):
+    counter = tmp_path / "n"
+    code = (f"import time\nn = 0\nwhile True:\n    n += 1\n"
+            f"    open({str(counter)!r}, 'w').write(str(n))\n    time.sleep(0.01)")
+    with sandbox(fs_writable=[str(tmp_path)]) as sb:
+        sb.spawn([PY, "-c", code])
+        time.sleep(0.5)
+        sb.pause()
+        time.sleep(0.1)
+        paused = counter.read_text()
+        time.sleep(0.3)
+        assert counter.read_text() == paused  # stopped
+        sb.resume()
+        time.sleep(0.3)
+        assert int(counter.read_text()) > int(paused)  # running again
+        sb.kill()
+        r = sb.wait(timeout=10)
+        assert r.reason == ExitReason.KILLED
+        sb.spawn(["sleep", "60"])
+        pid = sb.pid
+    time.sleep(0.1)  # leaving the context ended it
+    assert not os.path.exists(f"/proc/{pid}") or \
+        open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_lifecycle_output_never_stalls_the_program():
+    sb = sandbox()
+    sb.spawn(["sh", "-c", "head -c 1000000 /dev/zero; echo done >&2"])
+    time.sleep(1)
+    assert not sb.is_running  # it wrote a megabyte without anyone waiting on it yet
+    r = sb.wait(timeout=10)
+    assert len(r.stdout) == 1000000 and r.stderr == b"done\n"
+
+
+def test_a_created_process_that_is_never_started_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    with sandbox(fs_writable=[str(tmp_path)]) as sb:
+        sb.create(["touch", str(marker)])
+        pid = sb.pid
+    time.sleep(0.2)
+    assert not marker.exists()
+    assert not os.path.exists(f"/proc/{pid}") or \
+        open(f"/proc/{pid}/stat").read().split()[2] == "Z"
