@@ -196,3 +196,16 @@ def test_short_commands_one_after_another_fit_a_small_process_limit():
         ["/bin/sh", "-c", "sleep 2 & sleep 2 & sleep 2 & sleep 2 & sleep 2 & wait; echo ok"],
         timeout=60)
     assert b"Cannot fork" in r.stderr and r.stdout == b"", (r.stdout, r.stderr)
+
+
+def test_process_events_are_still_heard_with_forks_counted():
+    seen = []
+
+    def fn(event, ctx):
+        if event.category == "process":
+            seen.append(event.syscall)
+    r = sandbox(max_processes=10, policy_fn=fn, policy_fn_events=["process"]).run(
+        ["/bin/sh", "-c", "/bin/true; /bin/true; echo ok"], timeout=30)
+    assert r.stdout == b"ok\n", r.stderr
+    forks = [s for s in seen if s in ("clone", "clone3", "fork", "vfork")]
+    assert len(forks) >= 2, seen

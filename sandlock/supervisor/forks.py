@@ -8,8 +8,9 @@ not yet shown up stay below the limit; otherwise it fails with EAGAIN. A fork le
 is "in flight" until the thread that made it has left the fork syscall (/proc/TID/syscall:
 the child exists then, and is in the tree or already gone), or is gone, or IN_FLIGHT has
 passed: counting it twice for a moment errs on the side of refusing, never of exceeding.
-The count runs on a worker (never the supervisor's loop: a large tree takes a while to
-walk), under this sandbox's lock.
+A tree walk runs on a worker (never the supervisor's loop: a large tree takes a while to
+walk), under this sandbox's lock; a fork admitted from a fresh count far from the limit is
+admitted on the loop itself (try_admit), without one.
 """
 
 from __future__ import annotations
@@ -48,6 +49,22 @@ class ForkBudget:
         with self._lock:
             self.limit = min(self.limit, n)
             self._walked = -1.0
+
+    def try_admit(self, tid: int) -> bool:
+        """Let a fork through without counting the tree, if the last count is fresh and far
+        from the limit; False if admit() must run. Never blocks (the supervisor's loop
+        calls it): a budget another thread holds is left to admit()."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            now = time.monotonic()
+            if now - self._walked > RECOUNT or self._live + self._since + 1 >= self.limit:
+                return False
+            self._in_flight.append((tid, now + IN_FLIGHT))
+            self._since += 1
+            return True
+        finally:
+            self._lock.release()
 
     def admit(self, session, tid: int) -> None:
         """Let a fork by thread `tid` through, or raise Denied(EAGAIN)."""

@@ -26,20 +26,25 @@ def _observed(name: str):
             refusal = clone_refusal(req.args[0], session.runtime is not None)
             if refusal is not None:
                 raise Denied(errno.EPERM, refusal)
+        def observe():
+            rt = session.runtime
+            if rt is not None and "process" in rt.events:
+                try:
+                    tgid, ppid = req.process_ids()
+                except Denied:
+                    return
+                rt.observe(SyscallEvent(name, "process", tgid, ppid))
         budget = session.forks
-        if budget is not None and is_process(name, req.args[0] if name == "clone" else 0):
-            # Counted on a worker: walking a large tree must not stall other sandboxes.
+        if budget is not None and is_process(name, req.args[0] if name == "clone" else 0) \
+                and not budget.try_admit(req.pid):
+            # The tree must be counted: on a worker, as walking a large tree must not
+            # stall other sandboxes.
             def admit():
                 budget.admit(session, req.pid)
+                observe()
                 return CONTINUE
             return Defer(admit, Guard(-1))
-        rt = session.runtime
-        if rt is not None and "process" in rt.events:
-            try:
-                tgid, ppid = req.process_ids()
-            except Denied:
-                return CONTINUE
-            rt.observe(SyscallEvent(name, "process", tgid, ppid))
+        observe()
         return CONTINUE
     return handler
 
