@@ -356,8 +356,13 @@ class Sandbox:
         proc = life[0]
         proc.start()
         outcome: list = []
-        reader = threading.Thread(target=lambda: outcome.append(proc.communicate()),
-                                  name="sandlock-lifecycle", daemon=True)
+
+        def read():
+            try:
+                outcome.append(proc.communicate())
+            except BaseException as e:  # raised by wait(), in the caller's thread
+                outcome.append(e)
+        reader = threading.Thread(target=read, name="sandlock-lifecycle", daemon=True)
         life[1], life[2] = reader, outcome
         reader.start()
 
@@ -380,6 +385,8 @@ class Sandbox:
             reader.join()
         object.__setattr__(self, "_lifecycle", None)
         proc.close()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
         return outcome[0]
 
     def _life(self):
