@@ -152,6 +152,9 @@ class Upstream:
                 self._reply(b"deleted " + self.path.encode())
 
         self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        # A connection gone between the server's select and its accept must not block
+        # serve_forever (and with it shutdown() at teardown) for good.
+        self.server.socket.setblocking(False)
         if tls_context is not None:
             self.server.socket = tls_context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
@@ -603,7 +606,8 @@ http:
     sb = Sandbox.from_policy(str(good))
     r = sb.run(["curl", "-sS", f"http://127.0.0.1:{up.port}/ok/y",
                 f"http://127.0.0.1:{up.port}/no"], timeout=30)
-    assert r.stdout.startswith(b"hello /ok/y") and b"no rule allows GET 127.0.0.1/no" in r.stdout
+    assert r.stdout.startswith(b"hello /ok/y") and \
+        b"no rule allows GET 127.0.0.1/no" in r.stdout, (r.stdout, r.stderr, up.seen)
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nhttp:\n  allow:\n    - \"GET api.test/a*b\"\n")
     with pytest.raises(PolicyError, match=r"bad.yaml:4: http.allow: .*only at the end"):
