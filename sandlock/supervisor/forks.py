@@ -16,7 +16,6 @@ admitted on the loop itself (try_admit), without one.
 from __future__ import annotations
 
 import errno
-import os
 import threading
 import time
 
