@@ -16,6 +16,15 @@ PY = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
 IS_ROOT = os.geteuid() == 0
 
 
+def fake_private_key(kind: str = "") -> str:
+    """Something shaped like a PEM private key, made at run time (random body, nothing
+    usable as a key; no key material is kept in the repository)."""
+    import base64
+    label = f"{kind} PRIVATE KEY".strip()
+    body = base64.b64encode(os.urandom(48)).decode()
+    return f"-----BEGIN {label}-----\n{body}\n-----END {label}-----\n"
+
+
 def sandbox(**kw) -> Sandbox:
     """A Sandbox that can run system programs: system directories readable, the standard
     devices (/dev/null ...) writable, as `sandlock run` grants by default."""

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import PY, open_fds, run_py, sandbox
+from conftest import PY, fake_private_key, open_fds, run_py, sandbox
 from dnsserver import TestDnsServer
 
 from test_net_supervisor import DNSPY_PATH
@@ -161,7 +161,7 @@ def test_sendmmsg_copies_are_bounded_and_others_keep_their_answers(tmp_path):
 
 # -- DNS -------------------------------------------------------------------------------
 
-KEY = b"-----BEGIN PRIVATE KEY-----MIIEvQ"
+KEY = fake_private_key().splitlines()[0].encode() + os.urandom(4).hex().encode()
 
 DNS_ATTACKS = r"""
 import json, socket, struct, sys

@@ -19,6 +19,8 @@ import threading
 
 import pytest
 
+from conftest import fake_private_key
+
 SANDLOCK = [sys.executable, "-m", "sandlock"]
 PYTHON = os.path.realpath(shutil.which("python3", path="/usr/bin:/bin"))
 NODE = shutil.which("node", path="/usr/bin:/bin")
@@ -74,7 +76,7 @@ def _make_home(base, toolchains):
     (h / ".bashrc").write_text("# the user's bashrc\n")
     (h / ".profile").write_text("# the user's profile\n")
     (h / ".ssh").mkdir()
-    (h / ".ssh/id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nfake\n")
+    (h / ".ssh/id_ed25519").write_text(fake_private_key("OPENSSH"))
     (h / ".ssh/authorized_keys").write_text("ssh-ed25519 AAAA user\n")
     (h / ".aws").mkdir()
     (h / ".aws/credentials").write_text("[default]\naws_secret_access_key = fake\n")
