@@ -85,3 +85,13 @@ def verdict(ratio, peer):
     if ratio >= 1:
         return f"behind {peer} by {ratio:.2f}x"
     return f"ahead of {peer} by {1 / ratio:.2f}x"
+
+
+def main(doc: str, run, markdown) -> None:
+    """A benchmark module's command line: `--quick` for fewer rounds; prints its table."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    ensure_setup()
+    print(markdown(run(quick=a.quick)))

@@ -12,14 +12,14 @@ the upstream verified against the benchmark's test CA. Peers interleaved round b
 
 import http.server
 import os
-import socket
 import ssl
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 
-from harness import ROOT, UPSTREAM_VERSION, check_imports, ensure_setup, rotations, \
+import harness
+from harness import ROOT, UPSTREAM_VERSION, check_imports, rotations, \
     start_workers, stats
 
 NAME = "http_filter"
@@ -248,9 +248,4 @@ def markdown(result):
 
 
 if __name__ == "__main__":
-    import argparse
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args()
-    ensure_setup()
-    print(markdown(run(quick=a.quick)))
+    harness.main(__doc__, run, markdown)

@@ -11,9 +11,10 @@ interleaved round by round (the first rotating), samples pooled; medians reporte
 
 import sys
 
-from harness import UPSTREAM_VERSION, check_imports, ensure_setup, rotations, \
+import harness
+from harness import UPSTREAM_VERSION, check_imports, rotations, \
     start_workers, stats
-from policy_fn import FS, PY, Peer, _ask, _samples
+from policy_fn import PY, Peer, _ask, _samples
 
 NAME = "limits"
 LIMITS = {"max_memory": "1G", "max_processes": 64}
@@ -131,9 +132,4 @@ def markdown(result):
 
 
 if __name__ == "__main__":
-    import argparse
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args()
-    ensure_setup()
-    print(markdown(run(quick=a.quick)))
+    harness.main(__doc__, run, markdown)

@@ -13,7 +13,8 @@ first rotating), samples pooled; the figure reported is the median.
 import sys
 from dataclasses import dataclass
 
-from harness import UPSTREAM_VERSION, check_imports, ensure_setup, rotations, \
+import harness
+from harness import UPSTREAM_VERSION, check_imports, rotations, \
     start_workers, stats
 
 NAME = "policy_fn"
@@ -207,9 +208,4 @@ def markdown(result):
 
 
 if __name__ == "__main__":
-    import argparse
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args()
-    ensure_setup()
-    print(markdown(run(quick=a.quick)))
+    harness.main(__doc__, run, markdown)
