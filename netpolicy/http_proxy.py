@@ -62,7 +62,7 @@ class HttpContext:
 
     def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
                  info=None, intercept=None, upgrades=frozenset(), slots=None,
-                 addresses_for=None):
+                 addresses_for=None, credentials=None, identity=None):
         self.address = ipaddress.ip_address(address)
         self.port = port
         self.intercept = intercept  # tls_intercept.Interceptor, or None (SNI only)
@@ -74,6 +74,8 @@ class HttpContext:
         self.addresses_for = addresses_for or (lambda name: ())  # name -> pinned addresses
         self.audit = audit          # callable(**record), or None
         self.info = info or {}      # sandbox, pid, argv for the audit records
+        self.credentials = credentials  # netpolicy.credentials.Credentials, or None
+        self.identity = identity    # credentials.Identity of the connecting program
 
 
 class Refusal(Exception):
@@ -86,9 +88,10 @@ class Decided:
     """An allowed request: what will be sent upstream."""
 
     def __init__(self, method: bytes, target: bytes, host: str, headers: list, path: str,
-                 rule: str):
+                 rule: str, applied=None):
         self.method, self.target, self.host, self.headers = method, target, host, headers
         self.path, self.rule = path, rule
+        self.applied = applied  # credentials.Applied, when the sandbox has credentials
 
 
 def _parse_host(value: str) -> tuple[str, int | None]:
@@ -244,8 +247,18 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
     verdict = ctx.policy.decide(method, host, path, qs, hdrs, aliases(ctx, host), ctx.port)
     if not verdict.allowed:
         raise Refusal(403, verdict.reason, verdict.rule, method=method, host=host, path=path)
-    forwarded = path + ("?" + query if query is not None else "")
     keep = [(n, v) for n, v in headers if n not in _HOP_BY_HOP and n != b"host"]
+    applied = None
+    if ctx.credentials is not None:  # only now: the request passed the rules
+        from .credentials import Refused
+        try:
+            applied = ctx.credentials.apply(method, host, path, ctx.port, query, qs, hdrs,
+                                            keep, ctx.sni is not None, ctx.identity)
+        except Refused as r:
+            raise Refusal(403, r.reason, f"credential:{r.credential}", method=method,
+                          host=host, path=path) from None
+        keep, query = applied.headers, applied.query
+    forwarded = path + ("?" + query if query is not None else "")
     keep.insert(0, (b"host", _authority(host, port)))
     if upgrade:  # allowed above: the switch is requested again, in our own words
         keep += [(b"connection", b"Upgrade"), (b"upgrade", upgrade[0])]
@@ -254,7 +267,8 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
         keep.append((b"content-length", lengths[0]))
     elif any(n == b"transfer-encoding" for n, _ in headers):
         keep.append((b"transfer-encoding", b"chunked"))
-    return Decided(req.method, forwarded.encode("ascii"), host, keep, path, verdict.rule)
+    return Decided(req.method, forwarded.encode("ascii"), host, keep, path, verdict.rule,
+                   applied)
 
 
 class _Closed(Exception):
@@ -540,6 +554,7 @@ class _HttpConnection:
         self.opener = opener or (lambda: _connect_upstream(ctx))
         self.last = time.monotonic()
         self.head_deadline: float | None = None
+        self._redactor = None  # credentials.Redactor for the response in flight
 
     def _left(self) -> float:
         left = self.last + IDLE_TIMEOUT - time.monotonic()
@@ -579,8 +594,13 @@ class _HttpConnection:
                 decided = decide_request(ctx, ev)
             except Refusal as r:
                 return self._refuse(proxy, r, method=ev.method.decode("ascii", "replace"))
+            creds = {}
+            if decided.applied is not None:  # names, never values
+                a = decided.applied
+                creds = {k: ",".join(v) for k, v in (("credential", a.injected),
+                                                     ("credential_withheld", a.withheld)) if v}
             proxy._audit(ctx, "allow", protocol=self.protocol, method=ev.method.decode(),
-                         host=decided.host, path=decided.path, rule=decided.rule)
+                         host=decided.host, path=decided.path, rule=decided.rule, **creds)
             if not self._forward(decided):
                 return
             self.last = time.monotonic()
@@ -595,7 +615,8 @@ class _HttpConnection:
             fields.setdefault("method", method)
         proxy._audit(self.ctx, "deny", protocol=self.protocol, rule=r.rule, reason=r.reason,
                      errno="EACCES", **fields)
-        phrase = {400: b"Bad Request", 403: b"Forbidden"}.get(r.status, b"Error")
+        phrase = {400: b"Bad Request", 403: b"Forbidden",
+                  413: b"Content Too Large"}.get(r.status, b"Error")
         body = f"sandlock: {r.reason}\n".encode("utf-8", "replace")
         head = (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n" % (r.status, phrase,
@@ -628,12 +649,32 @@ class _HttpConnection:
     def _forward(self, d: Decided) -> bool:
         """Send the request (and its body) upstream and stream the response back.
         False when the connection must end."""
-        self._open_upstream()
+        from .credentials import MAX_SWAP_BODY, Redactor, Scanner
+        applied = d.applied
+        swap = applied.body_swap if applied is not None else {}
+        scanner = Scanner(applied.body_scan) if applied is not None and \
+            applied.body_scan else None
+        self._redactor = Redactor(applied.redact) if applied is not None and \
+            applied.redact else None
         self._method = d.method
-        self._send_up(h11.Request(method=d.method, target=d.target, headers=d.headers))
         if self.server.they_are_waiting_for_100_continue:
             self._send_down(h11.InformationalResponse(status_code=100, headers=[],
                                                       reason=b"Continue"))
+        held = [] if swap else None  # a body whose placeholders are swapped: held whole
+        # With a body to scan, the head waits for the body's first bytes: a small body
+        # carrying a placeholder is then refused before anything goes upstream.
+        head_sent = held is not None
+
+        def send_head():
+            nonlocal head_sent
+            if not head_sent:
+                head_sent = True
+                self._open_upstream()
+                self._send_up(h11.Request(method=d.method, target=d.target,
+                                          headers=d.headers))
+        if scanner is None:
+            send_head()
+        size = 0
         while True:  # the request body, as it arrives (already framed strictly)
             try:
                 ev = self._next_request_event()
@@ -642,8 +683,44 @@ class _HttpConnection:
                                                   "default:framing"))
                 return False
             if isinstance(ev, h11.Data):
-                self._send_up(h11.Data(data=ev.data))
+                data = ev.data
+                if scanner is not None:
+                    data, cred = scanner.feed(data)
+                    if cred is not None:  # the head went up; the body stops here
+                        self.close_upstream()
+                        self._refuse(self._proxy, Refusal(
+                            403, f"the placeholder of credential {cred} was sent in the body "
+                                 f"of {d.method.decode()} {d.host}{d.path}, which no rule for "
+                                 f"it names", f"credential:{cred}", host=d.host, path=d.path))
+                        return False
+                if held is not None:
+                    size += len(data)
+                    if size > MAX_SWAP_BODY:
+                        self._refuse(self._proxy, Refusal(
+                            413, f"a body whose credential placeholders are swapped is held "
+                                 f"whole, up to {MAX_SWAP_BODY >> 20} MiB", "default:size",
+                            host=d.host, path=d.path))
+                        return False
+                    held.append(data)
+                elif data:
+                    send_head()
+                    self._send_up(h11.Data(data=data))
             elif isinstance(ev, h11.EndOfMessage):
+                rest = scanner.flush() if scanner is not None else b""
+                if held is not None:
+                    body = b"".join(held) + rest
+                    for ph, secret in swap.items():
+                        body = body.replace(ph, secret)
+                    headers = [(n, v) for n, v in d.headers
+                               if n not in (b"content-length", b"transfer-encoding")]
+                    headers.append((b"content-length", b"%d" % len(body)))
+                    self._open_upstream()
+                    self._send_up(h11.Request(method=d.method, target=d.target,
+                                              headers=headers))
+                    rest = body
+                send_head()
+                if rest:
+                    self._send_up(h11.Data(data=rest))
                 self._send_up(h11.EndOfMessage())
                 break
             else:
@@ -679,11 +756,20 @@ class _HttpConnection:
                            or (n.lower() == b"content-length" and not chunked)]
                 if chunked:
                     headers.append((b"transfer-encoding", b"chunked"))
+                red = self._redactor
+                if red is not None:  # a server echoing a secret does not hand it inside
+                    headers = [(n, red.value(v)) for n, v in headers]
                 self._send_down(h11.Response(status_code=ev.status_code, headers=headers,
                                              reason=ev.reason))
             elif isinstance(ev, h11.Data):
-                self._send_down(h11.Data(data=ev.data))
+                data = ev.data if self._redactor is None else self._redactor.feed(ev.data)
+                if data:
+                    self._send_down(h11.Data(data=data))
             elif isinstance(ev, h11.EndOfMessage):
+                if self._redactor is not None:
+                    rest = self._redactor.flush()
+                    if rest:
+                        self._send_down(h11.Data(data=rest))
                 self._send_down(h11.EndOfMessage())
                 if self.client.our_state is h11.DONE and self.client.their_state is h11.DONE:
                     self.client.start_next_cycle()

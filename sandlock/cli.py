@@ -45,6 +45,8 @@ FIELD_FLAGS = {
     "net_allow/net_deny": "--allow/--deny",
     "max_memory": "-m/--max-memory", "max_processes": "-P/--max-processes",
     "max_cpu": "--max-cpu", "cpu_cores": "--cpu-cores",
+    "credentials": "--credential", "credential_env": "--credential-env",
+    "http_auth": "--http-auth",
 }
 
 
@@ -89,12 +91,18 @@ def flag_named(message: str, a, file_fields: dict) -> str:
 def _flag_fields(a) -> dict:
     from .errors import PolicyError
     _check_flag_paths(a)
-    env = {}
-    for item in a.env:
-        k, sep, v = item.partition("=")
-        if not sep:
-            raise PolicyError(f"--env {item!r}: expected NAME=VALUE")
-        env[k] = v
+    def pairs(flag, items, form):
+        out = {}
+        for item in items:
+            k, sep, v = item.partition("=")
+            if not sep or not k:
+                raise PolicyError(f"{flag} {item!r}: expected {form}")
+            out[k] = v
+        return out
+    env = pairs("--env", a.env, "NAME=VALUE")
+    credentials = pairs("--credential", a.credential, "NAME=env:VAR, NAME=file:PATH or "
+                                                       "NAME=cmd:COMMAND")
+    credential_env = pairs("--credential-env", a.credential_env, "NAME=VAR")
     return {
         "fs_readable": a.fs_read, "fs_writable": a.fs_write, "fs_denied": a.fs_deny,
         "net_allow": a.net_allow, "net_deny": a.net_deny, "net_allow_bind": a.net_allow_bind,
@@ -105,6 +113,8 @@ def _flag_fields(a) -> dict:
         "http_ca": a.http_ca, "http_key": a.http_key,
         "http_inject_ca": a.http_inject_ca or None, "http_ca_out": a.http_ca_out,
         "http_upstream_ca": a.http_upstream_ca,
+        "credentials": credentials or None, "credential_env": credential_env or None,
+        "http_auth": a.http_auth or None,
         "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,
         "extra_deny_syscalls": a.extra_deny_syscall,
         "extra_allow_syscalls": a.extra_allow_syscall,
@@ -323,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["pipe"] and not set(argv[1:2]) & {"-h", "--help"}:
         return _pipe(argv[1:])  # stages carry `run` options, parsed stage by stage
+    if argv[:1] in (["mcp"], ["mcp-wrap"]):
+        from .mcp.cli import main as mcp_main  # the optional `mcp` extra, imported lazily
+        return mcp_main(argv)
     from .cli_parser import build
     first = argv[0] if argv else None
     known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace",

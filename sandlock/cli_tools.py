@@ -9,6 +9,18 @@ import sys
 from .cli import EXIT_SANDLOCK, _protection_notes, _say
 
 
+def _credential_rows(spec) -> list:
+    """Where each secret comes from and which requests carry it: never a secret (none is
+    read by `policy check`)."""
+    if spec is None:
+        return []
+    env = dict(spec.env)
+    return [("credentials", [f"{n} from {src}" + (f"; ${env[n]} holds a placeholder inside"
+                                                   if n in env else "")
+                             for n, src in spec.sources]),
+            ("http auth", [r.spec for r in spec.rules])]
+
+
 def policy_check(a) -> int:
     from .errors import SandlockError
     from .policy_file import load_policy, merge_fields, system_fields
@@ -30,6 +42,7 @@ def policy_check(a) -> int:
             ("http allow", [r.spec for r in p.http.allow] if p.http else []),
             ("http deny", [r.spec for r in p.http.deny] if p.http else []),
             ("http ports", sorted(p.http_ports)),
+            *_credential_rows(p.credentials),
             ("audit log", [p.audit_log] if p.audit_log else [])]
     if p.workspace is not None:
         ws = p.workspace

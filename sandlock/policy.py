@@ -121,6 +121,7 @@ class Policy:
     http_raw: object = None          # EndpointPolicy of endpoints relayed unfiltered
     http_upgrades: frozenset = frozenset()  # protocol switches allowed (not inspected after)
     intercept: object = None         # InterceptSpec when HTTPS is intercepted
+    credentials: object = None       # credential_policy.CredentialSpec, or None
     policy_fn: object = None         # the runtime callback (sandlock.supervisor.runtime)
     policy_fn_timeout: float = 2.0
     runtime_events: frozenset = frozenset()  # event kinds it sees; empty without policy_fn
@@ -399,10 +400,12 @@ def parse_http(fields: dict):
     for name, value in (("http_allow", allow), ("http_deny", deny)):
         if isinstance(value, (str, bytes, dict)):
             raise PolicyError(f"{name}: expected a list of rules, got {value!r}")
-    if not allow and not deny:
+    if not allow and not deny and not fields.get("http_auth"):
         if ports:
             raise PolicyError("http_ports: set without http_allow or http_deny rules")
         return None, frozenset()
+    # Credentials (http_auth) are added by the HTTP filter: it sees their connections even
+    # without rules of its own (and then lets every request through to them).
     policy = HttpPolicy()
     for name, value in (("http_allow", allow), ("http_deny", deny)):
         try:
@@ -456,7 +459,14 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         fields, readable, writable, denied)
     from .fs_rules import is_beneath
     http, http_ports = parse_http(fields)
+    if fields.get("http_auth") and not (fields.get("net_allow") or fields.get("http_allow")):
+        raise PolicyError("http_auth: no destination is allowed (add net_allow or "
+                          "http_allow for the hosts the credentials are for)")
     intercept = parse_intercept(fields, http)
+    from .credential_policy import denied_files, parse_credentials
+    wd = (workspace.workdir,) if workspace is not None else ()
+    credentials = parse_credentials(fields, intercept, writable + wd, is_beneath)
+    denied += tuple(p for p in denied_files(credentials) if p not in denied)
     if intercept is not None:
         # The CA's private key (and the store's temporary leaf keys) are never readable
         # inside the sandbox; the injected bundle (public) is.
@@ -550,7 +560,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         allow_degraded=bool(fields.get("allow_degraded")),
         name=fields.get("name"),
         http=http, http_ports=http_ports, intercept=intercept, http_raw=http_raw,
-        http_upgrades=frozenset(upgrades),
+        http_upgrades=frozenset(upgrades), credentials=credentials,
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,
         workspace=workspace, write_excluded=write_excluded,

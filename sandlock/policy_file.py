@@ -32,6 +32,8 @@ STR, BOOL, NUM, STRLIST, PORTLIST, STRMAP = "string", "boolean", "number", "list
     "list of ports", "mapping of strings"
 RULELIST = "list of HTTP rules (strings or mappings)"
 SIZE = "size (e.g. 512M, or a number of bytes)"
+AUTHLIST = "list of auth rules (strings or mappings)"
+CREDENTIALS = "mapping of credential names to sources (env:VAR, file:PATH, cmd:COMMAND)"
 
 # section -> key -> (type, Sandbox field or None for keys handled specially)
 SCHEMA = {
@@ -49,7 +51,9 @@ SCHEMA = {
              "raw": (STRLIST, "http_raw"),
              "ca": (STR, "http_ca"),
              "key": (STR, "http_key"), "inject_ca": (BOOL, "http_inject_ca"),
-             "ca_out": (STR, "http_ca_out"), "upstream_ca": (STR, "http_upstream_ca")},
+             "ca_out": (STR, "http_ca_out"), "upstream_ca": (STR, "http_upstream_ca"),
+             "auth": (AUTHLIST, "http_auth")},
+    "credentials": CREDENTIALS,
     "audit": {"file": (STR, "audit_log"), "allowed": (BOOL, "audit_allowed")},
     "process": {"env": (STRMAP, "env"), "clean_env": (BOOL, "clean_env"),
                 "cwd": (STR, "cwd"), "timeout": (NUM, None)},
@@ -130,6 +134,19 @@ def _value(node, kind, path, key):
                 raise PolicyError(f"{_where(path, item, key)}: {e}") from None
             rules.append(rule)
         return rules
+    if kind == AUTHLIST:
+        from netpolicy.credentials import CredentialError, parse_auth_rule
+        if not isinstance(node, yaml.SequenceNode):
+            raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
+        rules = []
+        for item in node.value:
+            rule = yaml.safe_load(yaml.serialize(item))
+            try:
+                parse_auth_rule(rule)
+            except CredentialError as e:
+                raise PolicyError(f"{_where(path, item, key)}: {e}") from None
+            rules.append(rule)
+        return rules
     if kind == STRMAP:
         if not isinstance(node, yaml.MappingNode):
             raise PolicyError(f"{_where(path, node, key)}: expected a {kind}")
@@ -185,6 +202,9 @@ def _top_key(path, out, seen, knode, vnode, errors) -> None:
         raise PolicyError(f"{_where(path, knode, key)}: unknown key (expected one of "
                           f"{', '.join(SCHEMA)})")
     spec = SCHEMA[key]
+    if spec == CREDENTIALS:
+        _credentials(path, out, vnode)
+        return
     if not isinstance(spec, dict):
         value = _scalar(vnode, spec, path, key)
         if key == "version" and value != 1:
@@ -201,6 +221,41 @@ def _top_key(path, out, seen, knode, vnode, errors) -> None:
             _sub_key(path, out, key, spec, sk_node, sv_node)
         except PolicyError as e:
             errors.append(str(e))
+
+
+def _credentials(path, out, node) -> None:
+    """`credentials: {NAME: SOURCE}` or `{NAME: {source: SOURCE, env: VAR}}` (VAR then
+    holds a placeholder inside). Sources are checked now; secrets are read at start."""
+    import yaml
+
+    from .credential_policy import _source
+    if not isinstance(node, yaml.MappingNode):
+        raise PolicyError(f"{_where(path, node, 'credentials')}: expected a {CREDENTIALS}")
+    sources, env = {}, {}
+    for knode, vnode in node.value:
+        name = _scalar(knode, STR, path, "credentials")
+        key = f"credentials.{name}"
+        if isinstance(vnode, yaml.MappingNode):
+            body = {_scalar(k, STR, path, key): (k, v) for k, v in vnode.value}
+            unknown = set(body) - {"source", "env"}
+            if unknown or "source" not in body:
+                raise PolicyError(f"{_where(path, vnode, key)}: expected source: (and "
+                                  f"optionally env:), got {', '.join(sorted(body))}")
+            source = _scalar(body["source"][1], STR, path, f"{key}.source")
+            if "env" in body:
+                env[name] = _scalar(body["env"][1], STR, path, f"{key}.env")
+        else:
+            source = _scalar(vnode, STR, path, key)
+        if source.startswith("file:"):
+            source = "file:" + _path(source[5:])
+        try:
+            sources[name] = _source(name, source)
+        except PolicyError as e:
+            raise PolicyError(f"{_where(path, vnode, key)}: {str(e).split(': ', 2)[-1]}") \
+                from None
+    out.fields["credentials"] = sources
+    if env:
+        out.fields["credential_env"] = env
 
 
 # Paths that must exist when the policy is loaded (a missing one is a mistake to report,
@@ -262,7 +317,7 @@ def _check_endpoints(path, node, key, specs) -> None:
 LIST_FIELDS = ("fs_readable", "fs_writable", "fs_denied", "net_allow", "net_deny",
                "net_allow_bind", "net_allow_unix", "dns_servers", "extra_deny_syscalls",
                "extra_allow_syscalls", "http_allow", "http_deny", "http_ports",
-               "http_upgrades", "http_raw")
+               "http_upgrades", "http_raw", "http_auth")
 
 
 # Booleans whose false is a choice, not "unset" (a policy file turning a default off).
@@ -278,7 +333,7 @@ def merge_fields(base: dict, extra: dict) -> dict:
             continue
         if key in LIST_FIELDS:
             out[key] = list(out.get(key) or []) + list(value)
-        elif key == "env":
+        elif key in ("env", "credentials", "credential_env"):
             out[key] = {**(out.get(key) or {}), **value}
         elif value is not False or key not in out or key in EXPLICIT_FALSE:
             out[key] = value

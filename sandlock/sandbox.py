@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import confinement as _confinement
 from . import launch, syscall_filter
-from .errors import BranchError, PolicyError, SandlockError
+from .errors import BranchError, PolicyError, SandboxError, SandlockError
 from .fs_rules import is_beneath
 from .policy import Policy, build_policy
 from .process import Process
@@ -76,6 +76,9 @@ class Sandbox:
     http_inject_ca: Any = None
     http_ca_out: str | None = None
     http_upstream_ca: str | None = None
+    credentials: Mapping[str, str] | None = None
+    credential_env: Mapping[str, str] | None = None
+    http_auth: Sequence[Any] | None = None
     max_memory: Any = None
     max_processes: int | None = None
     max_open_files: int | None = None
@@ -259,6 +262,13 @@ class Sandbox:
                         b"GIT_SSL_CAINFO", b"PIP_CERT"):
                 extra[var] = bundle
             extra[b"NODE_EXTRA_CA_CERTS"] = cert
+        if policy.credentials is not None:
+            if net is None:  # never: credentials make the network supervised
+                raise SandboxError("credentials need the network supervisor")
+            # Placeholders in, and every variable holding a secret out.
+            base = dict(os.environb) if not policy.clean_env else {}
+            base.update((os.fsencode(k), os.fsencode(v)) for k, v in policy.env)
+            extra.update(net.secrets.environment(base))
         env = _environment(policy, extra)
         path = env.get("PATH") if env is os.environ else os.fsdecode(env.get(b"PATH", b""))
         exe = _find_executable(argv[0], path or os.fsdecode(_DEFAULT_PATH), policy.cwd)
@@ -494,6 +504,11 @@ class Sandbox:
         """COW fork: run init_fn once confined, then `n` copy-on-write clones of that
         process, each running work_fn(clone_id) with CLONE_ID set and its stdout on its own
         pipe. Returns a ForkResult (pids, len(), clones by index, wait(), kill())."""
+        if self._policy.credentials is not None:
+            # A clone starts as a copy of this process: its memory and environment hold
+            # what credentials keep out of every other sandbox.
+            raise PolicyError("fork(): credentials cannot be used with COW clones; run "
+                              "the credential's tools with run() or popen()")
         from .clones import fork
         return fork(self, n, timeout)
 
@@ -541,7 +556,11 @@ def _environment(policy: Policy, extra: dict[bytes, bytes]):
         env = dict(environ)
     for k, v in policy.env:
         env[os.fsencode(k)] = os.fsencode(v)
-    env.update(extra)
+    for k, v in extra.items():  # None: removed
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     return env
 
 

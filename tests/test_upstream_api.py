@@ -259,8 +259,10 @@ def test_lifecycle_create_start_wait(tmp_path):
 
 def test_lifecycle_spawn_pause_resume_kill_and_a_context_manager(tmp_path):
     counter = tmp_path / "n"
-    code = (f"import time\nn = 0\nwhile True:\n    n += 1\n"
-            f"    open({str(counter)!r}, 'w').write(str(n))\n    time.sleep(0.01)")
+    # Written whole (rename), so that a read never sees a truncated file.
+    code = (f"import os, time\nn = 0\nwhile True:\n    n += 1\n"
+            f"    open({str(counter)!r} + '.t', 'w').write(str(n))\n"
+            f"    os.replace({str(counter)!r} + '.t', {str(counter)!r})\n    time.sleep(0.01)")
     with sandbox(fs_writable=[str(tmp_path)]) as sb:
         sb.spawn([PY, "-c", code])
         time.sleep(0.5)

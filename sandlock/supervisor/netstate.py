@@ -51,6 +51,10 @@ class NetState:
                     f.write(self.interceptor.ca_pem)
             if spec.inject:
                 self.ca_bundle = self.interceptor.publish(spec.public_dir)
+        self.secrets = None                # credential_policy.Secrets (read here, once)
+        if policy.credentials is not None:
+            from ..credential_policy import Secrets
+            self.secrets = Secrets(policy.credentials)
         self.audit = audit
         self._local: frozenset = frozenset()
         self._local_until = 0.0
@@ -59,6 +63,9 @@ class NetState:
         # effort), so that a request reaching one of their addresses is judged under that
         # name as well (netpolicy.http_rules).
         self.http_names = self.http.named_hosts() if self.http is not None else ()
+        if self.secrets is not None:
+            self.http_names = tuple(dict.fromkeys(
+                self.http_names + self.secrets.credentials.named_hosts()))
         self.resolver = self.pins = None
         self.dns_servers: set = set()
         self._stop = threading.Event()
@@ -102,8 +109,9 @@ class NetState:
         if self.http_raw is not None and self.http_raw.decide(
                 "tcp", dest.address, dest.port, names).allowed:
             return False
-        return dest.port in self.http_ports or self.http.names_host(
-            (*names, str(dest.address)))
+        names = (*names, str(dest.address))
+        return dest.port in self.http_ports or self.http.names_host(names) or (
+            self.secrets is not None and self.secrets.credentials.names_host(names))
 
     def is_dns(self, dest) -> bool:
         """Traffic to port 53 or to a configured resolver is DNS, and handled as such."""
@@ -158,12 +166,19 @@ class NetState:
             def record(**fields):
                 audit.record(syscall="connect", **fields)
         pins = self.pins
+        credentials = identity = None
+        if self.secrets is not None:
+            credentials = self.secrets.credentials
+            if credentials.bound:  # the program, while it is stopped in this connect
+                from netpolicy.credentials import identify
+                identity = identify(req.pid)
         return HttpContext(dest.address, dest.port, self.http,
                            pins.names_for if pins is not None else (lambda a: ()),
                            record, {"sandbox": session.name, "pid": req.pid,
                                     "argv": argv_of(req.pid)}, self.interceptor,
                            self.http_upgrades, self.http_slots,
-                           pins.addresses_for if pins is not None else None)
+                           pins.addresses_for if pins is not None else None,
+                           credentials, identity)
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext

@@ -1,0 +1,391 @@
+"""Credentials the HTTP filter adds to requests: secrets that never enter the sandbox.
+
+A credential is a named secret held by the supervising process only. An auth rule says
+which requests carry it and how:
+
+    "METHOD host/path SCHEME NAME [for=PATH,PATH] [allow_cleartext] [swap=query,body]"
+
+    - methods: [GET]            # the structured (YAML) form: the HTTP rule keys, plus
+      host: api.github.com
+      path: /repos/*
+      scheme: bearer            # bearer | basic | header:Header-Name | query:param
+      credential: GITHUB
+      for: [/usr/bin/gh]        # optional: only connections made by these programs
+      allow_cleartext: false    # plain http:// may carry it (default: refused)
+      swap: [query]             # placeholders swapped in query strings / bodies too
+
+Invariants, enforced in `Credentials.apply` (called only for a request the HTTP rules
+already allowed, on the normalised request that will be forwarded):
+- A secret is added only to requests an auth rule for it matches (method, host, path,
+  port), made by a program the rule binds it to (the executable by device and inode,
+  identified by the supervisor at connect time, with no loader variable that could put
+  foreign code in it), over TLS unless the rule allows cleartext. A header the client sent
+  under the same name is replaced, never duplicated.
+- A placeholder (the value the sandbox may see instead of the secret) is swapped for the
+  secret in headers of such requests; in query strings and bodies only where the rule
+  says `swap:`. A placeholder sent on any other request refuses that request: a leaked
+  placeholder is worthless, and the attempt is recorded.
+- No secret appears in a refusal reason or an audit field: they name credentials only.
+  Responses to a request that carried a secret have it masked (same length, so framing is
+  unchanged) should the server echo it back.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from .http_rules import HttpRule, HttpRuleError, parse_http_rule
+
+SCHEMES = ("bearer", "basic", "header", "query")
+SWAPS = ("query", "body")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+_HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Loader variables that put code of the caller's choice into any program: a process
+# started with one is not the program a binding names.
+LOADER_VARS = (b"LD_PRELOAD", b"LD_AUDIT", b"LD_LIBRARY_PATH")
+MAX_SWAP_BODY = 8 << 20   # a body whose placeholders are swapped is held whole: bounded
+
+
+class CredentialError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AuthRule:
+    spec: str
+    match: HttpRule               # which requests (method, host, path, port)
+    credential: str
+    scheme: str                   # one of SCHEMES
+    param: str | None = None      # header name (lower-case) or query parameter
+    allow_cleartext: bool = False
+    executables: tuple[str, ...] = ()   # paths as written; resolved by Credentials
+    swap: frozenset = frozenset()       # subset of SWAPS
+
+    @property
+    def header(self) -> bytes | None:
+        if self.scheme in ("bearer", "basic"):
+            return b"authorization"
+        if self.scheme == "header":
+            return self.param.encode("ascii")
+        return None
+
+
+def _scheme(text: str, spec: str) -> tuple[str, str | None]:
+    kind, colon, param = str(text).partition(":")
+    kind = kind.lower()
+    if kind not in SCHEMES:
+        raise CredentialError(f"{spec}: unknown scheme {text!r} (bearer, basic, "
+                              f"header:Header-Name or query:param)")
+    if kind in ("header", "query"):
+        if not param or not (_HEADER if kind == "header" else _NAME).match(param):
+            raise CredentialError(f"{spec}: {kind}: needs a name, e.g. {kind}:"
+                                  f"{'X-Api-Key' if kind == 'header' else 'api_key'}")
+        if kind == "header" and param.lower() in ("host", "content-length",
+                                                   "transfer-encoding", "connection"):
+            raise CredentialError(f"{spec}: {param} cannot carry a credential")
+        return kind, param.lower() if kind == "header" else param
+    if colon:
+        raise CredentialError(f"{spec}: {kind} takes no parameter")
+    return kind, None
+
+
+def _credential_name(name, spec: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise CredentialError(f"{spec}: {name!r} is not a credential name (letters, digits, "
+                              f"'_', '-', '.')")
+    return name
+
+
+def _swap(values, spec: str) -> frozenset:
+    values = [values] if isinstance(values, str) else list(values or ())
+    bad = [v for v in values if v not in SWAPS]
+    if bad:
+        raise CredentialError(f"{spec}: swap: {bad[0]!r} is not one of {', '.join(SWAPS)} "
+                              f"(headers are always swapped)")
+    return frozenset(values)
+
+
+def _executables(values, spec: str) -> tuple[str, ...]:
+    values = [values] if isinstance(values, str) else list(values or ())
+    if not all(isinstance(v, str) and v for v in values):
+        raise CredentialError(f"{spec}: for: expected a list of executable paths")
+    return tuple(values)
+
+
+def parse_auth_rule(rule) -> AuthRule:
+    """An auth rule from its string form or its structured (mapping) form."""
+    if isinstance(rule, str):
+        spec = repr(rule)
+        parts = rule.split()
+        if len(parts) < 4:
+            raise CredentialError(f"{spec}: expected 'METHOD host/path SCHEME NAME', e.g. "
+                                  f"'GET api.github.com/* bearer GITHUB'")
+        method, target, scheme, name, *options = parts
+        cleartext, executables, swap = False, (), frozenset()
+        for opt in options:
+            key, eq, value = opt.partition("=")
+            if opt == "allow_cleartext":
+                cleartext = True
+            elif key == "for" and eq and value:
+                executables = _executables(value.split(","), spec)
+            elif key == "swap" and eq and value:
+                swap = _swap(value.split(","), spec)
+            else:
+                raise CredentialError(f"{spec}: unknown option {opt!r} (for=PATH[,PATH], "
+                                      f"allow_cleartext, swap=query,body)")
+        try:
+            match = parse_http_rule(f"{method} {target}")
+        except HttpRuleError as e:
+            raise CredentialError(str(e)) from None
+        kind, param = _scheme(scheme, spec)
+        return AuthRule(rule, match, _credential_name(name, spec), kind, param, cleartext,
+                        executables, swap)
+    if not isinstance(rule, dict):
+        raise CredentialError(f"{rule!r}: an auth rule is a string or a mapping")
+    spec = repr(rule)
+    own = {"scheme", "credential", "for", "allow_cleartext", "swap"}
+    missing = [k for k in ("scheme", "credential") if k not in rule]
+    if missing:
+        raise CredentialError(f"{spec}: missing {' and '.join(missing)}")
+    cleartext = rule.get("allow_cleartext", False)
+    if not isinstance(cleartext, bool):
+        raise CredentialError(f"{spec}: allow_cleartext: expected true or false")
+    try:
+        match = parse_http_rule({k: v for k, v in rule.items() if k not in own})
+    except HttpRuleError as e:
+        raise CredentialError(str(e)) from None
+    kind, param = _scheme(rule["scheme"], spec)
+    return AuthRule(spec, match, _credential_name(rule["credential"], spec), kind, param,
+                    cleartext, _executables(rule.get("for"), spec), _swap(rule.get("swap"), spec))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The program that made a connection, as the supervisor saw it at connect time."""
+    exe: tuple[int, int] | None   # (st_dev, st_ino) of /proc/PID/exe
+    path: str                     # for refusal texts
+    loader_vars: tuple[str, ...] = ()   # LOADER_VARS set in its environment
+
+
+def identify(pid: int) -> Identity:
+    """Read `pid`'s executable and loader variables (the caller holds it stopped in a
+    syscall). Unreadable: an identity no binding matches."""
+    try:
+        st = os.stat(f"/proc/{pid}/exe")
+        path = os.readlink(f"/proc/{pid}/exe")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read(1 << 20)
+    except OSError:
+        return Identity(None, "?")
+    loaders = tuple(v.decode() for v in LOADER_VARS
+                    for entry in env.split(b"\0") if entry.startswith(v + b"=") and
+                    entry[len(v) + 1:])
+    return Identity((st.st_dev, st.st_ino), path, loaders)
+
+
+class Refused(Exception):
+    """A request refused because of a credential; the text names no secret."""
+
+    def __init__(self, reason: str, credential: str):
+        super().__init__(reason)
+        self.reason, self.credential = reason, credential
+
+
+@dataclass
+class Applied:
+    headers: list                 # what is forwarded
+    query: str | None
+    injected: tuple = ()          # credential names added (audit)
+    withheld: tuple = ()          # credential names a binding kept from this program
+    body_swap: dict = field(default_factory=dict)   # placeholder -> secret (bytes)
+    body_scan: dict = field(default_factory=dict)   # placeholder -> credential: refuse
+    redact: tuple = ()            # secrets to mask in the response
+
+
+def _mask(secret: bytes) -> bytes:
+    return b"*" * len(secret)
+
+
+class Credentials:
+    """The secrets of one sandbox, its placeholders and its auth rules."""
+
+    def __init__(self, rules, secrets: dict, placeholders: dict | None = None):
+        self.rules = tuple(rules)
+        self._secrets = {k: (v.encode() if isinstance(v, str) else bytes(v))
+                         for k, v in secrets.items()}
+        self.placeholders = {k: v.encode() for k, v in (placeholders or {}).items()}
+        for r in self.rules:
+            if r.credential not in self._secrets:
+                raise CredentialError(f"{r.spec}: no credential named {r.credential}")
+        self._bound: dict[str, frozenset] = {}
+        for r in self.rules:
+            ids = set()
+            for p in r.executables:
+                try:
+                    st = os.stat(p)
+                except OSError as e:
+                    raise CredentialError(f"{r.spec}: for: {p}: {e.strerror}") from None
+                ids.add((st.st_dev, st.st_ino))
+            self._bound[r.spec] = frozenset(ids)
+
+    @property
+    def bound(self) -> bool:
+        """Some rule binds its credential to programs (connections need an Identity)."""
+        return any(r.executables for r in self.rules)
+
+    def names_host(self, names) -> bool:
+        from .http_rules import _host_matches
+        return any(_host_matches(r.match, n) for r in self.rules for n in names)
+
+    def named_hosts(self) -> tuple[str, ...]:
+        from .http_rules import HttpPolicy
+        return HttpPolicy(tuple(r.match for r in self.rules)).named_hosts()
+
+    def _allowed_program(self, rule: AuthRule, identity: Identity | None) -> bool:
+        if not rule.executables:
+            return True
+        return (identity is not None and not identity.loader_vars
+                and identity.exe in self._bound[rule.spec])
+
+    def apply(self, method: str, host: str, path: str, port: int, query: str | None,
+              qs: dict, hdrs: dict, headers: list, tls: bool,
+              identity: Identity | None) -> Applied:
+        """Add the credentials this request may carry; raises Refused."""
+        where = f"{method} {host}{path}"
+        usable: dict[str, AuthRule] = {}
+        withheld = []
+        for r in self.rules:
+            if r.credential in usable or not r.match.matches(method, host, path, qs, hdrs,
+                                                             port):
+                continue
+            if not self._allowed_program(r, identity):
+                withheld.append(r.credential)
+                continue
+            if not tls and not r.allow_cleartext:
+                raise Refused(f"{where} would carry credential {r.credential} over "
+                              f"cleartext HTTP ({r.spec} has no allow_cleartext)",
+                              r.credential)
+            usable[r.credential] = r
+
+        def refuse(cred: str, what: str):
+            if cred in withheld:
+                why = (f"from {identity.path if identity else '?'}, a program its rule "
+                       f"does not name" + (f" (started with {', '.join(identity.loader_vars)})"
+                                           if identity and identity.loader_vars else ""))
+            else:
+                why = "which no rule for it names"
+            raise Refused(f"the placeholder of credential {cred} was sent in the {what} of "
+                          f"{where}, {why}", cred)
+
+        secrets = self._secrets
+        injected: dict[str, None] = {}  # ordered set of the credentials added
+        out = []
+        for name, value in headers:
+            for cred, ph in self.placeholders.items():
+                value, found = _swap_header(name, value, ph, secrets[cred])
+                if found:
+                    if cred not in usable:
+                        refuse(cred, f"header {name.decode('latin-1')}")
+                    injected[cred] = None
+            out.append((name, value))
+        if query:
+            for cred, ph in self.placeholders.items():
+                if ph.decode() in query:
+                    if cred not in usable:
+                        refuse(cred, "query string")
+                    if "query" in usable[cred].swap:
+                        query = query.replace(ph.decode(), quote(secrets[cred].decode(
+                            "latin-1"), safe=""))
+                        injected[cred] = None
+        taken = set()
+        for cred, r in usable.items():
+            secret = secrets[cred]
+            if r.scheme == "query":
+                kept = [p for p in (query.split("&") if query else [])
+                        if p.split("=", 1)[0] != r.param]
+                kept.append(f"{r.param}={quote(secret.decode('latin-1'), safe='')}")
+                query = "&".join(kept)
+            else:
+                header = r.header
+                if header in taken:
+                    continue  # two rules for one header: the first one listed wins
+                taken.add(header)
+                value = (b"Bearer " + secret if r.scheme == "bearer" else
+                         b"Basic " + base64.b64encode(secret) if r.scheme == "basic" else
+                         secret)
+                out = [(n, v) for n, v in out if n != header] + [(header, value)]
+            injected[cred] = None
+        swap = {self.placeholders[c]: secrets[c] for c, r in usable.items()
+                if "body" in r.swap and c in self.placeholders}
+        scan = {ph: c for c, ph in self.placeholders.items() if c not in usable}
+        redact = tuple(secrets[c] for c in injected) + tuple(swap.values())
+        return Applied(out, query, tuple(injected), tuple(dict.fromkeys(withheld)), swap,
+                       scan, redact)
+
+
+def _swap_header(name: bytes, value: bytes, ph: bytes, secret: bytes) -> tuple[bytes, bool]:
+    """`value` with the placeholder replaced, also inside a Basic authorization (base64)."""
+    found = ph in value
+    if found:
+        value = value.replace(ph, secret)
+    if name == b"authorization" and value[:6].lower() == b"basic ":
+        try:
+            decoded = base64.b64decode(value[6:].strip(), validate=True)
+        except ValueError:
+            return value, found
+        if ph in decoded:
+            return value[:6] + base64.b64encode(decoded.replace(ph, secret)), True
+    return value, found
+
+
+class Redactor:
+    """Masks secrets in a stream (a response body), same length, across chunk borders."""
+
+    def __init__(self, secrets):
+        self.secrets = tuple(s for s in secrets if s)
+        self.keep = max((len(s) for s in self.secrets), default=1) - 1
+        self.tail = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.tail + data
+        for s in self.secrets:
+            buf = buf.replace(s, _mask(s))
+        cut = max(0, len(buf) - self.keep)
+        self.tail = buf[cut:]
+        return buf[:cut]
+
+    def flush(self) -> bytes:
+        out, self.tail = self.tail, b""
+        return out
+
+    def value(self, data: bytes) -> bytes:
+        for s in self.secrets:
+            data = data.replace(s, _mask(s))
+        return data
+
+
+class Scanner:
+    """Finds placeholders in a stream (a request body) across chunk borders. `feed`
+    returns what may be forwarded, holding back a possible placeholder's beginning."""
+
+    def __init__(self, placeholders: dict):
+        self.placeholders = placeholders  # placeholder -> credential
+        self.keep = max((len(p) for p in placeholders), default=1) - 1
+        self.tail = b""
+
+    def feed(self, data: bytes) -> tuple[bytes, str | None]:
+        buf = self.tail + data
+        for ph, cred in self.placeholders.items():
+            if ph in buf:
+                return b"", cred
+        cut = max(0, len(buf) - self.keep)
+        self.tail = buf[cut:]
+        return buf[:cut], None
+
+    def flush(self) -> bytes:
+        out, self.tail = self.tail, b""
+        return out
