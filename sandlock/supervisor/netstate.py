@@ -28,6 +28,7 @@ def _refresh(ref, stop: threading.Event, names, interval) -> None:
 class NetState:
     def __init__(self, policy, audit=None):
         """`policy` is a sandlock Policy (its `endpoints`, `unix_allow`, `dns_servers`...)."""
+        self._stop = threading.Event()  # first: __del__ needs it if the rest fails
         self.policy = policy.endpoints
         self.unix_allow = policy.unix_allow
         self.tcp_by_landlock = policy.tcp_by_landlock
@@ -68,7 +69,6 @@ class NetState:
                 self.http_names + self.secrets.credentials.named_hosts()))
         self.resolver = self.pins = None
         self.dns_servers: set = set()
-        self._stop = threading.Event()
         if self.dns_enabled:
             from netpolicy.dns import Pins, Resolver
             from netpolicy.dns_proxy import PER_SANDBOX as DNS_PER_SANDBOX
