@@ -36,11 +36,11 @@ import base64
 import os
 import re
 from dataclasses import dataclass, field
-from urllib.parse import quote
+from urllib.parse import quote, unquote, unquote_plus
 
 from .http_rules import HttpRule, HttpRuleError, parse_http_rule
 
-SCHEMES = ("bearer", "basic", "header", "query")
+SCHEMES = ("bearer", "basic", "header", "query")  # and apikey:NAME = header:NAME
 SWAPS = ("query", "body")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -60,10 +60,11 @@ class AuthRule:
     match: HttpRule               # which requests (method, host, path, port)
     credential: str
     scheme: str                   # one of SCHEMES
-    param: str | None = None      # header name (lower-case) or query parameter
+    param: str | None = None      # header name (lower-case), query parameter, Basic user
     allow_cleartext: bool = False
     executables: tuple[str, ...] = ()   # paths as written; resolved by Credentials
     swap: frozenset = frozenset()       # subset of SWAPS
+    add_only: bool = False        # keep a header/parameter the client set (upstream's)
 
     @property
     def header(self) -> bytes | None:
@@ -75,11 +76,19 @@ class AuthRule:
 
 
 def _scheme(text: str, spec: str) -> tuple[str, str | None]:
+    """bearer | basic (the secret is user:password) | basic:USER | header:NAME |
+    apikey:NAME (the same) | query:PARAM."""
     kind, colon, param = str(text).partition(":")
     kind = kind.lower()
+    if kind == "apikey":
+        kind = "header"
     if kind not in SCHEMES:
-        raise CredentialError(f"{spec}: unknown scheme {text!r} (bearer, basic, "
-                              f"header:Header-Name or query:param)")
+        raise CredentialError(f"{spec}: unknown scheme {text!r} (bearer, basic, basic:USER, "
+                              f"header:Header-Name, apikey:Header-Name or query:param)")
+    if kind == "basic" and colon:
+        if not param or ":" in param or any(ord(c) < 0x21 for c in param):
+            raise CredentialError(f"{spec}: basic:USER needs a user without ':' (RFC 7617)")
+        return kind, param
     if kind in ("header", "query"):
         if not param or not (_HEADER if kind == "header" else _NAME).match(param):
             raise CredentialError(f"{spec}: {kind}: needs a name, e.g. {kind}:"
@@ -125,42 +134,46 @@ def parse_auth_rule(rule) -> AuthRule:
             raise CredentialError(f"{spec}: expected 'METHOD host/path SCHEME NAME', e.g. "
                                   f"'GET api.github.com/* bearer GITHUB'")
         method, target, scheme, name, *options = parts
-        cleartext, executables, swap = False, (), frozenset()
+        cleartext, executables, swap, add_only = False, (), frozenset(), False
         for opt in options:
             key, eq, value = opt.partition("=")
             if opt == "allow_cleartext":
                 cleartext = True
+            elif opt in ("replace", "add-only"):
+                add_only = opt == "add-only"
             elif key == "for" and eq and value:
                 executables = _executables(value.split(","), spec)
             elif key == "swap" and eq and value:
                 swap = _swap(value.split(","), spec)
             else:
                 raise CredentialError(f"{spec}: unknown option {opt!r} (for=PATH[,PATH], "
-                                      f"allow_cleartext, swap=query,body)")
+                                      f"allow_cleartext, swap=query,body, replace, add-only)")
         try:
             match = parse_http_rule(f"{method} {target}")
         except HttpRuleError as e:
             raise CredentialError(str(e)) from None
         kind, param = _scheme(scheme, spec)
         return AuthRule(rule, match, _credential_name(name, spec), kind, param, cleartext,
-                        executables, swap)
+                        executables, swap, add_only)
     if not isinstance(rule, dict):
         raise CredentialError(f"{rule!r}: an auth rule is a string or a mapping")
     spec = repr(rule)
-    own = {"scheme", "credential", "for", "allow_cleartext", "swap"}
+    own = {"scheme", "credential", "for", "allow_cleartext", "swap", "add_only"}
     missing = [k for k in ("scheme", "credential") if k not in rule]
     if missing:
         raise CredentialError(f"{spec}: missing {' and '.join(missing)}")
     cleartext = rule.get("allow_cleartext", False)
-    if not isinstance(cleartext, bool):
-        raise CredentialError(f"{spec}: allow_cleartext: expected true or false")
+    add_only = rule.get("add_only", False)
+    if not isinstance(cleartext, bool) or not isinstance(add_only, bool):
+        raise CredentialError(f"{spec}: allow_cleartext and add_only: expected true or false")
     try:
         match = parse_http_rule({k: v for k, v in rule.items() if k not in own})
     except HttpRuleError as e:
         raise CredentialError(str(e)) from None
     kind, param = _scheme(rule["scheme"], spec)
     return AuthRule(spec, match, _credential_name(rule["credential"], spec), kind, param,
-                    cleartext, _executables(rule.get("for"), spec), _swap(rule.get("swap"), spec))
+                    cleartext, _executables(rule.get("for"), spec), _swap(rule.get("swap"), spec),
+                    add_only)
 
 
 @dataclass(frozen=True)
@@ -283,6 +296,12 @@ class Credentials:
 
         secrets = self._secrets
         injected: dict[str, None] = {}  # ordered set of the credentials added
+        for cred, ph in self.placeholders.items():  # never in a path or a header name
+            text = ph.decode()
+            if text in path.lower() or text in unquote(path).lower():
+                refuse(cred, "path")
+            if any(ph in n for n, _ in headers):
+                refuse(cred, "header names")
         out = []
         for name, value in headers:
             for cred, ph in self.placeholders.items():
@@ -293,30 +312,40 @@ class Credentials:
                     injected[cred] = None
             out.append((name, value))
         if query:
+            decoded = unquote_plus(query)
             for cred, ph in self.placeholders.items():
-                if ph.decode() in query:
+                text = ph.decode()
+                if text in decoded or text in decoded.lower():
                     if cred not in usable:
                         refuse(cred, "query string")
                     if "query" in usable[cred].swap:
-                        query = query.replace(ph.decode(), quote(secrets[cred].decode(
-                            "latin-1"), safe=""))
+                        query = "&".join(_swap_pair(p, text, secrets[cred])
+                                         for p in query.split("&"))
                         injected[cred] = None
         taken = set()
         for cred, r in usable.items():
             secret = secrets[cred]
             if r.scheme == "query":
-                kept = [p for p in (query.split("&") if query else [])
-                        if p.split("=", 1)[0] != r.param]
-                kept.append(f"{r.param}={quote(secret.decode('latin-1'), safe='')}")
+                pairs = query.split("&") if query else []
+                if r.add_only and any(_param_name(p) == r.param for p in pairs):
+                    continue
+                kept = [p for p in pairs if p and _param_name(p) != r.param]
+                kept.append(f"{r.param}={quote(secret, safe='')}")
                 query = "&".join(kept)
             else:
                 header = r.header
                 if header in taken:
                     continue  # two rules for one header: the first one listed wins
                 taken.add(header)
-                value = (b"Bearer " + secret if r.scheme == "bearer" else
-                         b"Basic " + base64.b64encode(secret) if r.scheme == "basic" else
-                         secret)
+                if r.add_only and any(n == header for n, _ in out):
+                    continue
+                if r.scheme == "bearer":
+                    value = b"Bearer " + secret
+                elif r.scheme == "basic":
+                    user = r.param.encode() + b":" if r.param else b""
+                    value = b"Basic " + base64.b64encode(user + secret)
+                else:
+                    value = secret
                 out = [(n, v) for n, v in out if n != header] + [(header, value)]
             injected[cred] = None
         swap = {self.placeholders[c]: secrets[c] for c, r in usable.items()
@@ -325,6 +354,20 @@ class Credentials:
         redact = tuple(secrets[c] for c in injected) + tuple(swap.values())
         return Applied(out, query, tuple(injected), tuple(dict.fromkeys(withheld)), swap,
                        scan, redact)
+
+
+def _param_name(pair: str) -> str:
+    """A query parameter's name as the server reads it (percent-decoded), `?key` too."""
+    return unquote_plus(pair.split("=", 1)[0])
+
+
+def _swap_pair(pair: str, placeholder: str, secret: bytes) -> str:
+    """One `name=value` with the placeholder in its (decoded) value swapped."""
+    name, eq, value = pair.partition("=")
+    plain = unquote_plus(value)
+    if placeholder not in plain:
+        return pair
+    return name + eq + quote(plain.replace(placeholder, secret.decode("latin-1")), safe="")
 
 
 def _swap_header(name: bytes, value: bytes, ph: bytes, secret: bytes) -> tuple[bytes, bool]:

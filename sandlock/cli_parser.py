@@ -123,14 +123,15 @@ def add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="verify upstream HTTPS servers against this bundle (default: system)")
     p.add_argument("--credential", action="append", default=[], metavar="NAME=SOURCE",
                    help="a secret the HTTP filter adds to requests, never seen inside: "
-                        "NAME=env:VAR, NAME=file:PATH or NAME=cmd:COMMAND")
+                        "NAME=env:VAR, NAME=file:PATH, NAME=fd:N or NAME=cmd:COMMAND")
     p.add_argument("--credential-env", action="append", default=[], metavar="NAME=VAR",
                    help="the sandbox sees a placeholder for credential NAME in $VAR; the "
                         "filter swaps it for the secret on requests a --http-auth rule names")
     p.add_argument("--http-auth", action="append", default=[], metavar="RULE",
                    help="add a credential: 'METHOD host/path SCHEME NAME' with SCHEME "
-                        "bearer, basic, header:Name or query:param; options for=PROGRAM[,..], "
-                        "allow_cleartext, swap=query,body")
+                        "bearer, basic[:USER], header:Name, apikey:Name or query:param; "
+                        "options replace|add-only, for=PROGRAM[,..], allow_cleartext, "
+                        "swap=query,body")
     p.add_argument("--audit", metavar="FILE", help="append JSON Lines audit records here")
     p.add_argument("--audit-allowed", action="store_true",
                    help="record allowed network events too")

@@ -1,7 +1,7 @@
 """Credentials in a policy: where each secret comes from, which requests carry it
 (netpolicy.credentials), and what the sandbox sees instead.
 
-    credentials={"GITHUB": "env:GH_TOKEN"}          # or file:PATH, cmd:COMMAND
+    credentials={"GITHUB": "env:GH_TOKEN"}          # or file:PATH, fd:N, cmd:COMMAND
     credential_env={"GITHUB": "GH_TOKEN"}           # the sandbox sees a placeholder there
     http_auth=["GET api.github.com/* bearer GITHUB for=/usr/bin/gh"]
 
@@ -42,12 +42,15 @@ class CredentialSpec:
 
 def _source(name: str, value) -> str:
     if not isinstance(value, str):
-        raise PolicyError(f"credentials: {name}: expected env:VAR, file:PATH or cmd:COMMAND, "
-                          f"got {value!r}")
+        raise PolicyError(f"credentials: {name}: expected env:VAR, file:PATH, fd:N or "
+                          f"cmd:COMMAND, got {value!r}")
     kind, colon, rest = value.partition(":")
-    if not colon or kind not in ("env", "file", "cmd") or not rest.strip():
-        raise PolicyError(f"credentials: {name}: expected env:VAR, file:PATH or cmd:COMMAND, "
-                          f"got {value!r}")
+    if not colon or kind not in ("env", "file", "cmd", "fd") or not rest.strip():
+        raise PolicyError(f"credentials: {name}: expected env:VAR, file:PATH, fd:N or "
+                          f"cmd:COMMAND, got {value!r}")
+    if kind == "fd" and (not rest.isdigit() or int(rest) in (1, 2)):
+        raise PolicyError(f"credentials: {name}: fd:{rest}: expected an open descriptor "
+                          f"other than 1 and 2 (fd:0 for a pipe on stdin)")
     if kind == "file":
         path = os.path.abspath(os.path.expanduser(rest))
         if not os.path.isfile(path):
@@ -116,10 +119,8 @@ def parse_credentials(fields: dict, intercept, writable, beneath) -> CredentialS
         if not isinstance(var, str) or not var or "=" in var or "\0" in var:
             raise PolicyError(f"credential_env: {name}: {var!r} is not a variable name")
         placeholders.append((name, var))
-    unused = [n for n in declared if not any(r.credential == n for r in parsed)]
-    if unused:
-        raise PolicyError(f"credentials: {unused[0]} is declared but no http_auth rule uses "
-                          f"it (it would never be sent)")
+    # A credential no rule uses is never sent, but still kept out of the sandbox
+    # (upstream's reading: declaring env:VAR says VAR is a secret).
     return CredentialSpec(tuple(sources), tuple(parsed), tuple(placeholders))
 
 
@@ -143,6 +144,8 @@ def read_secret(name: str, source: str) -> bytes:
                 value = f.read(MAX_SECRET + 1)
         except OSError as e:
             raise SandlockError(f"credential {name}: {rest}: {e.strerror}") from None
+    elif kind == "fd":
+        value = _read_fd(name, int(rest))
     else:
         try:
             done = subprocess.run(shlex.split(rest), stdin=subprocess.DEVNULL,
@@ -161,6 +164,43 @@ def read_secret(name: str, source: str) -> bytes:
         raise SandlockError(f"credential {name}: {kind}: the secret holds a line break or "
                             f"NUL (it would split a header)")
     return value
+
+
+def _read_fd(name: str, fd: int) -> bytes:
+    """An inherited descriptor (a pipe, `<(...)`), read through a duplicate. Stdin only
+    when it cannot be rewound: it is the program's stdin too, and a seekable one (a file
+    redirect) would let the program seek back and read the secret."""
+    try:
+        dup = os.dup(fd)
+    except OSError as e:
+        raise SandlockError(f"credential {name}: fd:{fd}: {e.strerror}") from None
+    with os.fdopen(dup, "rb", buffering=0) as f:
+        if fd == 0:
+            try:
+                os.lseek(dup, 0, os.SEEK_CUR)
+                seekable = True
+            except OSError:
+                seekable = False
+            if seekable:
+                raise SandlockError(f"credential {name}: fd:0 (stdin) is seekable, so the "
+                                    f"program could rewind it and read the secret; pipe it "
+                                    f"instead")
+        import select
+        import time
+        deadline, data = time.monotonic() + CMD_TIMEOUT, b""
+        while len(data) <= MAX_SECRET:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([dup], [], [], left)[0]:
+                raise SandlockError(f"credential {name}: fd:{fd}: no end of input within "
+                                    f"{CMD_TIMEOUT:g} s (close the writing end)")
+            try:
+                chunk = os.read(dup, 65536)
+            except OSError as e:
+                raise SandlockError(f"credential {name}: fd:{fd}: {e.strerror}") from None
+            if not chunk:
+                break
+            data += chunk
+        return data
 
 
 class Secrets:

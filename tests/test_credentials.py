@@ -85,6 +85,27 @@ def test_injection_replaces_and_placeholders_are_swapped_or_refused():
         assert "secret" not in str(e)
 
 
+def test_upstream_spellings_add_only_and_encoded_placeholders():
+    rules = [parse_auth_rule("GET api.test/b/* basic:alice A"),
+             parse_auth_rule("GET api.test/k/* apikey:X-Key A add-only"),
+             parse_auth_rule("GET api.test/q/* query:key A replace")]
+    c = Credentials(rules, {"A": "pw"}, {"A": "ph-a-123"})
+    a = _apply(c, path="/b/1")
+    assert a.headers == [(b"authorization", b"Basic " + base64.b64encode(b"alice:pw"))]
+    assert _apply(c, [(b"x-key", b"mine")], path="/k/1").headers == [(b"x-key", b"mine")]
+    assert _apply(c, path="/k/1").headers == [(b"x-key", b"pw")]
+    # The parameter is recognised however its name is spelt, `?key` without a value too.
+    assert _apply(c, query="%6Bey=child&a=1&key", path="/q/1").query == "a=1&key=pw"
+    with pytest.raises(CredentialError, match="RFC 7617"):
+        parse_auth_rule("GET api.test/* basic:a:b A")
+    # A placeholder percent-encoded in a query, in a path or a header name is found too.
+    for kw in (dict(query="t=%70h-a-123"), dict(path="/x/ph-a-123"),
+               dict(path="/x/%70h-a-123"),
+               dict(headers=[(b"ph-a-123", b"1")])):
+        with pytest.raises(Refused, match="credential A"):
+            _apply(c, **{"host": "other.test", **kw})
+
+
 def test_binding_to_a_program():
     rule = parse_auth_rule(f"GET api.test/* bearer A for={CURL}")
     c = Credentials([rule], {"A": "s3"}, {"A": "ph-a"})
@@ -378,6 +399,26 @@ def test_sources_file_and_cmd_and_the_file_is_denied_inside(web, tmp_path, token
                                                     "/c/1": [f"Bearer {token}"]}
 
 
+def test_fd_source_and_an_unused_credential_is_still_kept_out(web, tmp_path, token,
+                                                              monkeypatch):
+    tls, _, _, _ = web
+    r_fd, w_fd = os.pipe()
+    os.write(w_fd, token.encode() + b"\n")
+    os.close(w_fd)
+    monkeypatch.setenv("SANDLOCK_TEST_UNUSED", "unused-" + token)
+    try:
+        sb = _sb(web, tmp_path, ["GET api.test/fd/* bearer FD"],
+                 credentials={"FD": f"fd:{r_fd}", "SPARE": "env:SANDLOCK_TEST_UNUSED"})
+        r = sb.run(["/bin/sh", "-c", f"env; curl -sS https://api.test:{tls.port}/fd/1"],
+                   timeout=60)
+    finally:
+        os.close(r_fd)
+    out = r.stdout.decode()
+    assert out.endswith("ok /fd/1"), (out, r.stderr)
+    assert "SANDLOCK_TEST_UNUSED" not in out and token not in out
+    assert tls.seen[0][3] == [f"Bearer {token}"]
+
+
 def test_policy_errors_are_refused_before_anything_runs(web, tmp_path, token, monkeypatch):
     tls, _, ca, dns = web
     base = dict(net_allow=[f"api.test:{tls.port}"], credentials={"TOK": "env:SANDLOCK_TEST_TOKEN"})
@@ -385,12 +426,14 @@ def test_policy_errors_are_refused_before_anything_runs(web, tmp_path, token, mo
         (dict(http_auth=["GET api.test/* bearer TOK"]), "needs HTTPS interception"),
         (dict(http_auth=["GET api.test/* bearer NOPE"], http_inject_ca=True),
          "no credential named NOPE"),
-        (dict(http_auth=[], http_inject_ca=True, http_allow=["GET api.test/*"]), "declared but no http_auth rule uses it"),
         (dict(http_auth=[f"GET api.test/* bearer TOK for={tmp_path}/tool"],
               http_inject_ca=True), "is not an executable file"),
         (dict(credentials={"TOK": "vault:x"}, http_auth=["GET api.test/* bearer TOK "
                                                          "allow_cleartext"]),
-         "expected env:VAR, file:PATH or cmd:COMMAND"),
+         "expected env:VAR, file:PATH, fd:N or cmd:COMMAND"),
+        (dict(credentials={"TOK": "fd:1"}, http_auth=["GET api.test/* bearer TOK "
+                                                       "allow_cleartext"]),
+         "other than 1 and 2"),
     ]
     for extra, msg in cases:
         with pytest.raises(PolicyError, match=msg):
