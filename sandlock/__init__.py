@@ -22,6 +22,7 @@ _LAZY = {
     "toolchain_grants": "toolchain",
     "SyscallEvent": "supervisor.runtime", "PolicyContext": "supervisor.runtime",
     "Protection": "features", "min_landlock_abi": "features", "parse_ports": "policy",
+    "load_profile": "profiles", "list_profiles": "profiles",
 }
 
 
@@ -40,7 +41,7 @@ __all__ = [
     "Pipeline", "SyscallEvent", "PolicyContext", "Protection", "confine",
     "landlock_abi_version", "min_landlock_abi", "parse_ports", "system_readable",
     "system_devices", "system_denied", "secret_paths", "persistence_paths",
-    "toolchain_grants",
+    "toolchain_grants", "load_profile", "list_profiles",
     "SandlockError", "PolicyError", "SandboxError", "ForkError", "ConfinementError",
     "KernelFeatureError", "LandlockUnavailableError", "SeccompError", "NotifError",
     "ChildError", "BranchError", "BranchConflictError", "MemoryProtectError",

@@ -137,10 +137,19 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
     from .policy_file import load_policy, merge_fields, system_fields
     from .sandbox import Sandbox
     fields, system, timeout = {}, not a.no_system, a.timeout
+    if a.policy and getattr(a, "profile", None):
+        from .errors import PolicyError
+        raise PolicyError("--policy and -p/--profile: give one of them")
     if a.policy:
         loaded = load_policy(a.policy)
         fields, system = loaded.fields, system and loaded.system
         timeout = timeout if timeout is not None else loaded.timeout
+    elif getattr(a, "profile", None):
+        from .profiles import read_profile
+        prof = read_profile(a.profile)
+        fields = prof.fields
+        system = system and (prof.system or prof.path.endswith(".toml"))
+        timeout = timeout if timeout is not None else prof.timeout
     base = dict(system_fields()) if system else {}
     base["protect_user_files"] = True
     notes = []
@@ -211,6 +220,13 @@ def _run(a, net_run: bool = False) -> int:
     from .errors import SandlockError
     from .sandbox import CommandNotFound, StdioMode
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd and getattr(a, "profile", None):
+        from .profiles import read_profile
+        try:
+            cmd = read_profile(a.profile).program
+        except SandlockError as e:
+            _say(f"error: {e}")
+            return EXIT_SANDLOCK
     if not cmd:
         _say("error: no command given (usage: sandlock run [options] -- CMD)")
         return EXIT_SANDLOCK
@@ -339,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cli_parser import build
     first = argv[0] if argv else None
     known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace",
-             "completion")
+             "completion", "ps", "inspect", "kill", "profile")
     parser = build(first if first in known else None)
     args, extras = parser.parse_known_args(argv)
     if extras:  # told under the usage of the subcommand in use, with the closest option
@@ -350,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import cli_tools
     return {"policy": cli_tools.policy_check, "audit": cli_tools.audit,
             "certs": cli_tools.certs, "workspace": cli_tools.workspace,
-            "completion": cli_tools.completion, "check": cli_tools.check}[args.command](args)
+            "completion": cli_tools.completion, "check": cli_tools.check,
+            "ps": cli_tools.ps, "inspect": cli_tools.inspect,
+            "kill": cli_tools.kill, "profile": cli_tools.profile}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,10 @@ class Parser(argparse.ArgumentParser):
 def add_run_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE.yaml",
                    help="a YAML policy (version 1); the flags below add to it")
+    p.add_argument("-p", "--profile", metavar="NAME",
+                   help="a named profile (~/.config/sandlock/profiles/NAME.toml or .yaml); "
+                        "the flags below add to it; its [program] runs when no command is "
+                        "given")
     p.add_argument("-r", "--fs-read", action="append", default=[], metavar="PATH",
                    help="grant read (and execute) access beneath PATH")
     p.add_argument("-w", "--fs-write", action="append", default=[], metavar="PATH",
@@ -232,6 +236,30 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
                         "The store is $SANDLOCK_CERTS_DIR, else ~/.local/share/sandlock/certs; "
                         "its private key is never readable inside a sandbox.")
         certs.add_argument("action", choices=("init", "path", "export"))
+    if wanted("profile"):
+        prof = sub.add_parser("profile", help="named profiles (~/.config/sandlock/profiles)")
+        prof_sub = prof.add_subparsers(dest="profile_command", required=True,
+                                       parser_class=Parser)
+        prof_sub.add_parser("list", help="the profiles there are")
+        show = prof_sub.add_parser("show", help="a profile's policy, checked")
+        show.add_argument("name")
+    if wanted("ps"):
+        ps = sub.add_parser("ps", help="list this user's running sandboxes",
+                            description="Name, main pid, uptime and command of every "
+                                        "sandbox of this user that is still running.")
+        ps.add_argument("--json", action="store_true", help="one JSON object per line")
+    if wanted("inspect"):
+        ins = sub.add_parser("inspect", help="the effective policy of a running sandbox")
+        ins.add_argument("target", metavar="NAME", help="its name, or its pid")
+        fmt = ins.add_mutually_exclusive_group()
+        fmt.add_argument("--toml", action="store_true", help="as a TOML profile")
+        fmt.add_argument("--json", action="store_true", help="as JSON")
+    if wanted("kill"):
+        kill = sub.add_parser("kill", help="end a running sandbox (every process of it)")
+        kill.add_argument("target", metavar="NAME", help="its name, or its pid")
+        kill.add_argument("-s", "--signal", default="TERM",
+                          help="TERM (default: the sandbox's tree is stopped, then killed) "
+                               "or KILL")
     if wanted("completion"):
         comp = sub.add_parser("completion", help="print a shell completion script",
                               epilog=EXAMPLES["completion"], formatter_class=_Formatter)

@@ -172,3 +172,110 @@ def completion(a) -> int:
     from .completion import script
     sys.stdout.write(script(a.shell))
     return 0
+
+
+# -- running sandboxes (sandlock.registry) ---------------------------------------------------
+
+def _uptime(seconds: float) -> str:
+    s = int(max(0, seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def ps(a) -> int:
+    import json
+    import time
+
+    from netpolicy.text import printable
+    from .registry import entries
+    live = entries()
+    if a.json:
+        for e in live:
+            print(json.dumps({k: e[k] for k in ("name", "pid", "root", "started", "argv",
+                                                "cwd", "supervisor")}))
+        return 0
+    if not live:
+        print("no running sandboxes")
+        return 0
+    width = max(4, *(len(e["name"]) for e in live))
+    print(f"{'NAME':{width}}  {'PID':>7}  {'UPTIME':>7}  COMMAND")
+    now = time.time()
+    for e in live:
+        cmd = printable(" ".join(e["argv"]))
+        print(f"{printable(e['name']):{width}}  {e['pid']:>7}  "
+              f"{_uptime(now - e['started']):>7}  {cmd[:100]}")
+    return 0
+
+
+def _one(target: str):
+    from .registry import find
+    found = find(target)
+    if not found:
+        _say(f"error: no running sandbox called {target} (`sandlock ps` lists them)")
+        return None
+    if len(found) > 1:
+        _say(f"error: {len(found)} running sandboxes are called {target}; name one by its "
+             f"pid: " + ", ".join(str(e["pid"]) for e in found))
+        return None
+    return found[0]
+
+
+def inspect(a) -> int:
+    import json
+    e = _one(a.target)
+    if e is None:
+        return EXIT_SANDLOCK
+    if a.json:
+        print(json.dumps(e["policy"], indent=2, sort_keys=True))
+    elif a.toml:
+        from .profiles import to_toml
+        print(to_toml(e["policy"]), end="")
+    else:
+        import yaml
+        print(f"# {e['name']}: pid {e['pid']}, started by pid {e['supervisor']}")
+        print(yaml.safe_dump(e["policy"], sort_keys=True, default_flow_style=False), end="")
+    return 0
+
+
+def kill(a) -> int:
+    import signal as _signal
+    from .registry import kill as kill_entry
+    name = a.signal.upper().removeprefix("SIG")
+    if name not in ("TERM", "KILL"):
+        _say(f"error: -s {a.signal}: expected TERM or KILL")
+        return EXIT_SANDLOCK
+    e = _one(a.target)
+    if e is None:
+        return EXIT_SANDLOCK
+    kill_entry(e, getattr(_signal, f"SIG{name}"))
+    return 0
+
+
+def profile(a) -> int:
+    from .errors import SandlockError
+    from .profiles import list_profiles, profiles_dir, read_profile
+    if a.profile_command == "list":
+        names = list_profiles()
+        if not names:
+            print(f"no profiles in {profiles_dir()}")
+        for n in names:
+            print(n)
+        return 0
+    try:
+        prof = read_profile(a.name)
+        from .policy_file import merge_fields, system_fields
+        from .sandbox import Sandbox
+        Sandbox(**(merge_fields(system_fields(), prof.fields) if prof.system
+                   else prof.fields))  # checked as a run would check it
+    except SandlockError as e:
+        _say(f"error: {e}")
+        return EXIT_SANDLOCK
+    print(f"# {prof.path}")
+    if prof.program:
+        print(f"# program: {' '.join(prof.program)}")
+    if prof.path.endswith(".toml"):
+        from .profiles import to_toml
+        print(to_toml(prof.fields), end="")
+    else:
+        with open(prof.path) as f:
+            print(f.read(), end="")
+    return 0

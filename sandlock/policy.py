@@ -144,6 +144,8 @@ _NOT_YET = {
     "no_randomize_memory": "determinism controls", "no_huge_pages": "determinism controls",
     "deterministic_dirs": "determinism controls",
     "uid": "uid/gid mapping", "gid": "uid/gid mapping",
+    "gpu_devices": "GPU access", "chroot": "a chroot view", "image": "OCI images",
+    "fs_mount": "mounts into the sandbox's view", "fs_mount_ro": "mounts into the sandbox's view",
 }
 
 

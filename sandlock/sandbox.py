@@ -94,6 +94,11 @@ class Sandbox:
     env: Mapping[str, str] | None = None
     uid: int | None = None
     gid: int | None = None
+    gpu_devices: Sequence[int] | None = None
+    chroot: str | None = None
+    image: str | None = None
+    fs_mount: Any = None
+    fs_mount_ro: Any = None
     no_coredump: bool = False
     allow_degraded: bool = False
     disable: Sequence[Any] | None = None
@@ -326,7 +331,26 @@ class Sandbox:
             runtime.on_limits = proc._lower_limits
         if tmpdir is not None:
             proc._cleanup.append(lambda tmp=self._tmp: tmp.end_run(tmpdir))
+        from . import registry  # `sandlock ps` / `inspect` / `kill`
+        entry = registry.register(proc.root, proc.pid, policy.name, argv, policy.cwd,
+                                  self._given_fields())
+        if entry is not None:
+            proc._cleanup.append(lambda: registry.unregister(entry))
         return proc
+
+    def _given_fields(self) -> dict:
+        """The fields set to other than their defaults (what `sandlock inspect` shows)."""
+        out = {}
+        for f in fields(self):
+            if not f.init:
+                continue
+            value = getattr(self, f.name)
+            if value is None or value is False or value == f.default or (
+                    isinstance(value, (list, tuple, dict)) and not value):
+                continue
+            out[f.name] = (f"<{getattr(value, '__qualname__', type(value).__name__)}>"
+                           if callable(value) else value)
+        return out
 
     def run(self, cmd: Sequence[str], timeout: float | None = None, *,
             input: bytes | None = None) -> Result:

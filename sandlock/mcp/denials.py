@@ -1,0 +1,126 @@
+"""A tool call's denials as structured content: what was denied, why, the rule or default
+that decided, and the policy change that would allow it (when there is one to suggest).
+
+Sources: the call's audit records (network, DNS and HTTP decisions, the audit log's own
+schema, kept whole under "record"), the supervisor's other refusals (Result.denials:
+metadata changes, the user-file guard, workspace calls), and the file tools' own refusals
+and Landlock's EACCES (built here by `file_denial`). Everything a sandbox chose (paths,
+hosts, argv) is data, quoted as is in JSON; the one-line summaries are escaped.
+"""
+
+from __future__ import annotations
+
+MAX_ARG = 200   # characters kept of each argv entry in a returned record
+
+
+def collect(records: list[dict], refusals: list[dict], tool: str, source: str) -> list[dict]:
+    from .runner import MAX_RECORDS
+    out = []
+    audited = set()
+    for rec in records:
+        if rec.get("decision") != "deny":
+            continue
+        audited.add((rec.get("pid"), rec.get("reason")))
+        if len(out) < MAX_RECORDS:
+            out.append(_from_record(rec, tool, source))
+    for d in refusals:
+        if (d.get("pid"), d.get("reason")) in audited or len(out) >= MAX_RECORDS:
+            continue  # the audit record of the same refusal says more
+        out.append({"denied": f"{d.get('syscall', '?')} (pid {d.get('pid', '?')})",
+                    "kind": "syscall", "reason": d.get("reason"), "decided_by": "supervisor",
+                    "allow_with": None, "record": _trimmed(d)})
+    return out
+
+
+def _trimmed(rec: dict) -> dict:
+    rec = dict(rec)
+    argv = rec.get("argv")
+    if isinstance(argv, list):
+        rec["argv"] = [a if not isinstance(a, str) or len(a) <= MAX_ARG
+                       else a[:MAX_ARG] + "..." for a in argv[:20]]
+    return rec
+
+
+def _from_record(rec: dict, tool: str, source: str) -> dict:
+    from netpolicy.audit import describe
+    protocol = rec.get("protocol")
+    return {"denied": describe(rec), "kind": protocol or "syscall",
+            "reason": rec.get("reason"), "decided_by": rec.get("rule"),
+            "allow_with": _fix(rec, tool, source), "record": _trimmed(rec)}
+
+
+def _fix(rec: dict, tool: str, source: str) -> dict | None:
+    """The policy change that would allow what `rec` denied, if one is known. A suggestion:
+    the person who owns the policy decides."""
+    protocol = rec.get("protocol")
+    host, port = rec.get("host"), rec.get("port")
+    address = rec.get("address")
+    where = {"policy": source, "tool": tool}
+    rule = str(rec.get("rule") or "")
+    if rule.startswith(("default:framing", "default:quota", "default:size",
+                        "default:upstream-tls", "default:path", "policy_fn")):
+        return None  # malformed or refused by design: no grant fixes it
+    if rec.get("method") is not None and protocol in ("http", "https"):
+        target = host or address or "?"
+        if port not in (None, 80, 443):
+            target = f"{target}:{port}"
+        path = str(rec.get("path") or "/").split("?", 1)[0]
+        return {**where, "key": "http.allow", "add": f"{rec['method']} {target}{path}"}
+    if protocol == "dns":
+        return {**where, "key": "network.allow", "add": f"{host}:443",
+                "note": "names resolve only for hosts a rule names; use the port needed"}
+    if protocol == "tls":
+        if rule.startswith("default:sni"):
+            return None
+        return {**where, "key": "network.allow", "add": f"{host or address}:{port or 443}"}
+    if protocol in ("tcp", "udp"):
+        if protocol == "udp" and port == 53 and not host:
+            return {**where, "key": "network.allow", "add": "HOST:PORT",
+                    "note": "a DNS query to a server: name the host to reach in "
+                            "network.allow, and the supervisor resolves it"}
+        if "private" in str(rec.get("reason") or "") or rule == "default:ssrf":
+            return {**where, "key": "network.allow",
+                    "add": f"{address}:{port}" if address else f"{host}:{port}",
+                    "note": "a private or loopback address: allowed only by an explicit "
+                            "rule for it (or network.allow_private)"}
+        spec = f"{host or _bracket(address)}:{port}"
+        return {**where, "key": "network.allow",
+                "add": spec if protocol == "tcp" else f"udp://{spec}"}
+    if protocol == "unix":
+        return {**where, "key": "network.unix", "add": rec.get("path")}
+    return None
+
+
+def _bracket(address) -> str:
+    text = str(address)
+    return f"[{text}]" if ":" in text else text
+
+
+def file_denial(action: str, path: str, reason: str, tool: str, source: str,
+                grant: str | None) -> dict:
+    """A file tool's refusal (a path outside the workspace) or Landlock's (EACCES inside
+    the tool's sandbox). `grant`: the filesystem key that would allow it, if any."""
+    from netpolicy.text import printable
+    fix = {"policy": source, "tool": tool, "key": grant, "add": path} if grant else None
+    return {"denied": f"{action} {printable(path)}", "kind": "file", "reason": reason,
+            "decided_by": "landlock" if grant else "workspace",
+            "allow_with": fix, "record": {"access": action, "path": path,
+                                          "decision": "deny", "reason": reason}}
+
+
+def summary(denials: list[dict]) -> str:
+    """Lines for the text content: one per denial."""
+    from netpolicy.text import printable
+    lines = []
+    for d in denials:
+        line = f"denied: {d['denied']}"
+        if d.get("reason"):
+            line += f" ({printable(str(d['reason']))})"
+        fix = d.get("allow_with")
+        if fix:
+            where = printable(str(fix["policy"])) if fix["policy"] != "defaults" else \
+                f"a policy for the {fix['tool']} tool (--policy FILE: tools.{fix['tool']})"
+            line += f"; to allow it: add {printable(str(fix['add']))!r} to {fix['key']} " \
+                    f"in {where}"
+        lines.append(line)
+    return "\n".join(lines)
