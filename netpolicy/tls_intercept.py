@@ -124,6 +124,18 @@ class Interceptor:
             os.replace(tmp, path)
         return bundle_path, cert_path
 
+    def splice(self, bundle: str, out: str) -> None:
+        """Write `bundle` plus our CA certificate to `out`, in place (its inode is what a
+        sandbox is allowed to read), and only when it differs (another sandbox may be
+        reading it)."""
+        data = self.bundle(bundle)
+        fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "r+b") as f:
+            if f.read() != data:
+                f.seek(0)
+                f.truncate()
+                f.write(data)
+
     def bundle(self, system_bundle: str | None = None) -> bytes:
         """The system's CA bundle plus our CA certificate."""
         path = system_bundle or ssl.get_default_verify_paths().cafile or \

@@ -238,8 +238,14 @@ def build(policy: Policy) -> Confinement:
             guard = policy.protect_mode
             write_roots = _write_roots(_plan(policy), kf.landlock_abi)
         listing = protect.spec(plan) if policy.protect_mode == "mounts" else b""
-        if listing:
-            protect_fd = _sealed_memfd("sandlock-protect", listing)
+    else:
+        listing = b""
+    spec = policy.intercept
+    for bundle, spliced in (spec.bundles if spec is not None else ()):
+        # http_inject_ca=[...]: the spliced copy (written by NetState) shown in place.
+        listing += b"f" + os.fsencode(spliced) + b"\0b" + os.fsencode(bundle) + b"\0"
+    if listing:
+        protect_fd = _sealed_memfd("sandlock-protect", listing)
     bpf = syscall_filter.compile_filter(policy.deny_syscalls, supervised,
                                         deny_inet=no_tcp_rules,
                                         net_supervised=net_supervised,

@@ -368,6 +368,7 @@ class InterceptSpec:
     inject: bool              # give the sandbox a bundle with our CA and the env vars
     ca_out: str | None        # write the CA certificate here
     public_dir: str           # where the injected bundle is written (readable)
+    bundles: tuple = ()       # ((bundle path, its spliced copy), ...): shown in place
 
 
 def parse_intercept(fields: dict, http) -> InterceptSpec | None:
@@ -384,13 +385,49 @@ def parse_intercept(fields: dict, http) -> InterceptSpec | None:
     for name, value in (("http_ca", ca), ("http_key", key), ("http_upstream_ca", upstream)):
         if value is not None and not os.path.isfile(os.fsdecode(value)):
             raise PolicyError(f"{name}: {value} is not a file")
-    if inject not in (None, True, False):
-        raise PolicyError(f"http_inject_ca: expected true or false, got {inject!r}")
     from netpolicy.tls_intercept import default_certs_dir
     certs = str(default_certs_dir().resolve())
     real = (lambda v: os.path.realpath(os.fsdecode(v)) if v else None)
+    public = os.path.join(os.path.dirname(certs), "ca-bundles")
+    bundles = ()
+    if isinstance(inject, (list, tuple)):
+        bundles = _bundles(inject, public, (real(ca), real(key), certs))
+        inject = False  # the bundles carry the CA where programs already look
+    elif inject not in (None, True, False):
+        raise PolicyError(f"http_inject_ca: expected true, false or a list of trust bundles, "
+                          f"got {inject!r}")
     return InterceptSpec(real(ca), real(key), real(upstream), certs, bool(inject), real(out),
-                         os.path.join(os.path.dirname(certs), "ca-bundles"))
+                         public, bundles)
+
+
+def _bundles(paths, public: str, ca_key) -> tuple:
+    """http_inject_ca=[bundle, ...]: each bundle is shown inside, in place, with the CA
+    spliced in (a read-only bind of a copy in `public`, in the sandbox's own mount
+    namespace). Where no namespace can be made that is refused, not approximated."""
+    import hashlib
+    out = []
+    for p in paths:
+        if not isinstance(p, (str, bytes, os.PathLike)):
+            raise PolicyError(f"http_inject_ca: expected paths of trust bundles, got {p!r}")
+        path = os.path.realpath(os.path.expanduser(os.fsdecode(p)))
+        if not os.path.isfile(path):
+            raise PolicyError(f"http_inject_ca: {os.fsdecode(p)} is not a file")
+        tag = hashlib.sha256(repr((path, ca_key)).encode()).hexdigest()[:16]
+        out.append((path, os.path.join(public, f"spliced-{tag}.pem")))
+    if out:
+        from . import protect
+        if protect.mode() != "mounts":
+            raise PolicyError("http_inject_ca: showing a bundle with the CA in place needs a "
+                              "mount namespace, which this system refuses; use "
+                              "http_inject_ca=True (programs are pointed at a bundle with the "
+                              "CA through SSL_CERT_FILE, CURL_CA_BUNDLE, ...)")
+        os.makedirs(public, mode=0o755, exist_ok=True)
+        for _, spliced in out:
+            # Exists from now on, and keeps its inode (NetState writes it in place): the
+            # Landlock rule that lets the sandbox read it is on that inode (a bind mount's
+            # root is judged by its own rules, not by the directory it covers).
+            os.close(os.open(spliced, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    return tuple(out)
 
 
 def parse_http(fields: dict):
@@ -477,6 +514,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         if intercept.inject:
             os.makedirs(intercept.public_dir, mode=0o755, exist_ok=True)
             readable += (intercept.public_dir,)
+        readable += tuple(spliced for _, spliced in intercept.bundles)
     grants = readable + writable
     if os.geteuid() == 0:
         # Started as root, the sandbox is uid 0 without capabilities: it still owns

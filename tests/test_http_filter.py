@@ -1140,3 +1140,33 @@ def test_policy_check_reports_rules_that_never_apply_bypasses_and_contradictions
     r = subprocess.run([sys.executable, "-m", "sandlock", "policy", "check", str(bad)],
                        capture_output=True, text=True)
     assert r.returncode == 125 and "can never allow anything" in r.stdout, r.stdout
+
+
+def test_inject_ca_into_named_bundles_in_place(tls_upstream, tmp_path, certs_dir):
+    from sandlock import PolicyError
+    """http_inject_ca=[bundle]: programs that read that bundle's path trust the filter's
+    CA (shown in place, read-only, in the sandbox's own mount namespace); the file itself
+    is unchanged outside, and no CA variables are set."""
+    up, ca = tls_upstream
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_text(open(ca).read())  # trusts only the upstream's CA
+    os.chmod(bundle, 0o644)
+    url = f"https://api.test:{up.port}/ok/b"
+    script = (f"curl -sS --cacert {bundle} {url}; echo; "
+              f"echo vars=${{SSL_CERT_FILE:-none}}; echo x >> {bundle} || echo read-only")
+    plain, _, _dns = _intercepting_sandbox(up, ca, tmp_path, ["GET api.test/ok/*"],
+                                           fs_writable=[str(tmp_path)])
+    r = plain.run(["/bin/sh", "-c", script], timeout=30)
+    assert "hello /ok/b" not in r.stdout.decode()  # negative control: not trusted
+    before = bundle.read_bytes()  # (the control could write it: it is not shown in place)
+    sb, _log, _dns2 = _intercepting_sandbox(up, ca, tmp_path, ["GET api.test/ok/*"],
+                                            fs_writable=[str(tmp_path)])
+    sb.http_inject_ca = [str(bundle)]
+    r = sb.run(["/bin/sh", "-c", script], timeout=30)
+    out = r.stdout.decode()
+    assert out.startswith("hello /ok/b\n"), (out, r.stderr)
+    assert "ca-bundles" not in out and "read-only" in out  # no CA variables of ours
+    assert bundle.read_bytes() == before
+    with pytest.raises(PolicyError, match="is not a file"):
+        sandbox(net_allow=["api.test:443"], http_allow=["GET api.test/*"],
+                http_inject_ca=[str(tmp_path / "missing.pem")])

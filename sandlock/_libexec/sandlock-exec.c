@@ -248,20 +248,24 @@ static int readonly_clone(int source, unsigned int lockdown) {
     return tree;
 }
 
-/* The protection list (fd 7): hide secrets, make persistence vectors read-only. */
+/* The protection list (fd 7): hide secrets, make persistence vectors read-only, and show
+ * files in place of others. Records: 'e'PATH the empty file covers are cloned from;
+ * 'h'PATH hide; 'r'PATH read-only; 'f'PATH the file the next 'b' records show;
+ * 'b'PATH show the last 'f' file here, read-only (a trust bundle with the HTTP
+ * filter's CA spliced in, http_inject_ca). */
 static void protect(void) {
     static char spec[1 << 20];
     ssize_t n = pread(FD_PROTECT, spec, sizeof spec - 1, 0);
     if (n < 0 || n == (ssize_t)sizeof spec - 1)
         fail(ST_PROTECT, n < 0 ? errno : E2BIG);
     spec[n] = 0;
-    int empty = -1;
+    int empty = -1, from = -1;
     for (char *p = spec; p < spec + n; p += strlen(p) + 1) {
         char kind = p[0];
         const char *path = p + 1;
         int target = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
         if (target < 0) {
-            if (errno == ENOENT || errno == ENOTDIR)
+            if ((errno == ENOENT || errno == ENOTDIR) && kind != 'f')
                 continue;  /* gone since the plan: nothing to cover */
             fail(ST_PROTECT, errno);
         }
@@ -270,6 +274,12 @@ static void protect(void) {
             fail(ST_PROTECT, errno);
         if (kind == 'e') {
             empty = target;
+            continue;
+        }
+        if (kind == 'f') {
+            if (from >= 0)
+                close(from);
+            from = target;
             continue;
         }
         if (S_ISLNK(st.st_mode)) {
@@ -282,12 +292,16 @@ static void protect(void) {
             place(empty_tmpfs(), target);
         else if (kind == 'h' && empty >= 0)
             place(readonly_clone(empty, MOUNT_LOCKDOWN), target);
+        else if (kind == 'b' && from >= 0 && S_ISREG(st.st_mode))
+            place(readonly_clone(from, MOUNT_LOCKDOWN), target);
         else
             fail(ST_PROTECT, EINVAL);
         close(target);
     }
     if (empty >= 0)
         close(empty);
+    if (from >= 0)
+        close(from);
 }
 
 /* The overlay's root (now at LOWER) gets `rights` in this run's own ruleset. */

@@ -52,6 +52,8 @@ class NetState:
                     f.write(self.interceptor.ca_pem)
             if spec.inject:
                 self.ca_bundle = self.interceptor.publish(spec.public_dir)
+            for bundle, spliced in spec.bundles:  # shown in place (confinement)
+                self.interceptor.splice(bundle, spliced)
         self.secrets = None                # credential_policy.Secrets (read here, once)
         if policy.credentials is not None:
             from ..credential_policy import Secrets

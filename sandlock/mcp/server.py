@@ -1,0 +1,85 @@
+"""The MCP server of `sandlock mcp` (the official `mcp` SDK, 2.x, low-level Server): lists
+the tools of a ToolBox and runs each call on a worker thread, a few at a time. stdio, or
+streamable HTTP on a loopback address (DNS-rebinding protection on: Host and Origin must
+name the loopback) unless --allow-remote says otherwise."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from .tools import Reply, ToolBox
+
+CONCURRENT_CALLS = 4
+
+
+def build(toolbox: ToolBox, name: str = "sandlock"):
+    import anyio
+    import mcp_types as types
+    from mcp.server.lowlevel.server import Server
+
+    limiter = anyio.CapacityLimiter(CONCURRENT_CALLS)
+    tools = [types.Tool(name=n, description=d, input_schema=s)
+             for n, d, s in toolbox.definitions()]
+
+    async def list_tools(ctx, params):
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(ctx, params):
+        reply: Reply = await anyio.to_thread.run_sync(
+            toolbox.call, params.name, params.arguments, limiter=limiter)
+        return types.CallToolResult(content=[types.TextContent(text=reply.text)],
+                                    structured_content=reply.data, is_error=reply.is_error)
+
+    where = toolbox.workspace + (" (copy-on-write: changes, commit, discard)"
+                                 if toolbox.staging is not None else "")
+    return Server(name, version=_version(),
+                  instructions=(f"Each tool call runs in a fresh sandlock sandbox under that "
+                                f"tool's policy. Workspace: {where}. Denials come back as "
+                                f"structured content (denials: what, why, how to allow)."),
+                  on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+async def serve_stdio(server) -> None:
+    from mcp.server.stdio import stdio_server
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve_http(server, host: str, port: int, on_ready=None) -> None:
+    """Streamable HTTP at http://HOST:PORT/mcp. On a loopback address the SDK's DNS
+    rebinding protection is on (a web page cannot reach it through a name of its own)."""
+    import uvicorn
+    app = server.streamable_http_app(host=host if is_loopback(host) else "0.0.0.0")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=5)
+    web = uvicorn.Server(config)
+    if on_ready is not None:
+        import anyio
+
+        async def announce():
+            for _ in range(500):  # bounded: 10 s for the socket to be listening
+                if web.started:
+                    sockets = [s for srv in web.servers for s in srv.sockets]
+                    on_ready(sockets[0].getsockname()[1] if sockets else port)
+                    return
+                await anyio.sleep(0.02)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(announce)
+            await web.serve()
+            tg.cancel_scope.cancel()
+    else:
+        await web.serve()
