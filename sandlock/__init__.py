@@ -23,6 +23,8 @@ _LAZY = {
     "SyscallEvent": "supervisor.runtime", "PolicyContext": "supervisor.runtime",
     "Protection": "features", "min_landlock_abi": "features", "parse_ports": "policy",
     "load_profile": "profiles", "list_profiles": "profiles",
+    "NamedStage": "pipeline", "Gather": "pipeline", "GatherPipeline": "pipeline",
+    "inputs": "_inputs",
 }
 
 
@@ -41,7 +43,8 @@ __all__ = [
     "Pipeline", "SyscallEvent", "PolicyContext", "Protection", "confine",
     "landlock_abi_version", "min_landlock_abi", "parse_ports", "system_readable",
     "system_devices", "system_denied", "secret_paths", "persistence_paths",
-    "toolchain_grants", "load_profile", "list_profiles",
+    "toolchain_grants", "load_profile", "list_profiles", "NamedStage", "Gather",
+    "GatherPipeline", "inputs",
     "SandlockError", "PolicyError", "SandboxError", "ForkError", "ConfinementError",
     "KernelFeatureError", "LandlockUnavailableError", "SeccompError", "NotifError",
     "ChildError", "BranchError", "BranchConflictError", "MemoryProtectError",

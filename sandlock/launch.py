@@ -35,6 +35,7 @@ STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
 _FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF, _FD_PROTECT, _FD_CONTROL = 3, 4, 5, 6, 7, 8
+_FD_PASSED, MAX_PASSED = 9, 64  # fds the program gets as they are (sandlock-exec.c)
 SETUP_TIMEOUT = 10.0
 
 
@@ -105,12 +106,13 @@ def _file_actions(placements: list[tuple[int, int]]) -> list[tuple]:
 
 
 def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
-                 cwd: str | None, overlay=None) -> list:
-    """`overlay`: (lower, upper, work) of an overlay-backend workspace, or None."""
+                 cwd: str | None, overlay=None, passed: int = 0) -> list:
+    """`overlay`: (lower, upper, work) of an overlay-backend workspace, or None; `passed`:
+    how many fds from _FD_PASSED on the program gets."""
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
              | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0)
-             | (16 if conf.send_listener else 0))
+             | (16 if conf.send_listener else 0) | passed << 8)
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0", str(flags), rlimits,
@@ -119,7 +121,8 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
 
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
           cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None,
-          run_rules: dict | None = None, ruleset_ready=None, hold: bool = False) -> Spawned:
+          run_rules: dict | None = None, ruleset_ready=None, hold: bool = False,
+          pass_fds: tuple = ()) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit). With
     `hold`, the program stops short of its exec, confined and attached, until
     Spawned.release() (upstream's create()/start()).
@@ -141,13 +144,17 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     try:
         if ruleset_ready is not None and ruleset is not None:
             ruleset_ready(ruleset.fd)
-        return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold)
+        return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
+                      tuple(pass_fds))
     finally:
         if ruleset is not None and ruleset is not conf.ruleset:
             ruleset.close()
 
 
-def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold) -> Spawned:
+def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
+           pass_fds=()) -> Spawned:
+    if len(pass_fds) > MAX_PASSED:
+        raise SandboxError(f"at most {MAX_PASSED} fds can be passed to a program")
     status, child_status = socket.socketpair(socket.AF_UNIX,
                                              socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     status_w = child_status.detach()
@@ -163,9 +170,10 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold) -> 
     if conf.protect_fd >= 0:
         placements.append((conf.protect_fd, _FD_PROTECT))
     placements.append((root_control.fileno(), _FD_CONTROL))
+    placements += [(fd, _FD_PASSED + i) for i, fd in enumerate(pass_fds)]
     try:
         pid = os.posix_spawn(
-            HELPER, _helper_argv(conf, ruleset, exe, argv, cwd, overlay), env,
+            HELPER, _helper_argv(conf, ruleset, exe, argv, cwd, overlay, len(pass_fds)), env,
             file_actions=_file_actions(placements), setpgroup=0,
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
             setsigmask=())

@@ -243,9 +243,12 @@ class Sandbox:
     # --- running -------------------------------------------------------------------------
 
     def popen(self, cmd: Sequence[str], stdin=StdioMode.INHERIT, stdout=StdioMode.INHERIT,
-              stderr=StdioMode.INHERIT, *, hold: bool = False) -> "Process":
+              stderr=StdioMode.INHERIT, *, hold: bool = False, pass_fds: Sequence[int] = (),
+              extra_env: Mapping[str, str] | None = None) -> "Process":
         """Start `cmd` confined and return at once. With `hold`, the program is confined
-        and its pid known, but it execs only at Process.start()."""
+        and its pid known, but it execs only at Process.start(). `pass_fds` reach the
+        program as fds 9, 10, ... (a fan-in pipeline's inputs); `extra_env` adds to its
+        environment."""
         argv = _argv(cmd)
         conf = self._confinement()
         policy = self._run_policy  # with its private TMPDIR's root, if any
@@ -274,6 +277,8 @@ class Sandbox:
             base = dict(os.environb) if not policy.clean_env else {}
             base.update((os.fsencode(k), os.fsencode(v)) for k, v in policy.env)
             extra.update(net.secrets.environment(base))
+        for k, v in (extra_env or {}).items():
+            extra[os.fsencode(k)] = os.fsencode(v)
         env = _environment(policy, extra)
         path = env.get("PATH") if env is os.environ else os.fsdecode(env.get(b"PATH", b""))
         exe = _find_executable(argv[0], path or os.fsdecode(_DEFAULT_PATH), policy.cwd)
@@ -311,7 +316,7 @@ class Sandbox:
                 attach=lambda listener, pid: supervisor().attach(listener, session, pid),
                 overlay=workspace.overlay if workspace is not None else None,
                 run_rules=workspace.run_rules if workspace is not None else None,
-                ruleset_ready=ruleset_ready, hold=hold)
+                ruleset_ready=ruleset_ready, hold=hold, pass_fds=pass_fds)
         except BaseException:
             for fd in parent_ends:
                 if fd >= 0:

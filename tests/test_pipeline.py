@@ -56,3 +56,49 @@ def test_a_pipeline_whose_first_stage_times_out_reports_the_timeout():
         r = (sb.cmd(["sleep", "30"]) | sb.cmd(["cat"])).run(timeout=0.3)
         assert r.reason == ExitReason.TIMEOUT and not r.success
         assert r.stages[0].reason == ExitReason.TIMEOUT
+
+
+ROOT = __import__("os").path.dirname(__import__("os").path.dirname(
+    __import__("os").path.abspath(__file__)))
+CONSUME = ("from sandlock import inputs\n"
+           "print(sorted(inputs.keys()))\n"
+           "print(repr(inputs['code']), repr(inputs['data']))\n"
+           "import sys; print(repr(sys.stdin.read()))\n")
+
+
+def test_fan_in_each_producer_under_its_own_policy_read_by_name(tmp_path):
+    import os
+    from sandlock import Gather, GatherPipeline, NamedStage
+    secret = tmp_path / "secret.txt"
+    secret.write_text("from-the-secret\n")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)
+    reader = sandbox(fs_readable=[str(tmp_path)])      # may read the file
+    blind = sandbox()                                  # may not
+    consumer = sandbox(fs_readable=[ROOT], env={"PYTHONPATH": ROOT})
+    code = reader.cmd(["cat", str(secret)]).as_("code")
+    data = blind.cmd(["/bin/sh", "-c", f"echo data-ok; cat {secret} || echo no-read"])
+    assert isinstance(code, NamedStage)
+    g = code + data.as_("data")
+    assert isinstance(g, Gather)
+    pipeline = g | consumer.cmd([PY, "-c", CONSUME])
+    assert isinstance(pipeline, GatherPipeline)
+    r = pipeline.run(timeout=30)
+    lines = r.stdout.decode().splitlines()
+    assert r.success and lines[0] == "['code', 'data']", (r.stdout, r.stderr)
+    assert lines[1] == "'from-the-secret\\n' 'data-ok\\nno-read\\n'"
+    assert lines[2] == "''"  # the last producer was stdin too, read above by name
+    assert [s.success for s in r.stages] == [True, True, True]
+    assert b"Permission denied" in r.stages[1].stderr
+
+
+def test_fan_in_timeout_bounds_every_stage():
+    from sandlock import Gather  # noqa: F401  (the operators build it)
+    slow = sandbox().cmd(["sleep", "60"]).as_("slow")
+    fast = sandbox().cmd(["echo", "x"]).as_("fast")
+    consumer = sandbox().cmd(["cat"])
+    start = time.monotonic()
+    r = (slow + fast | consumer).run(timeout=1.5)
+    assert time.monotonic() - start < 10
+    assert r.reason == ExitReason.TIMEOUT and not r.success
+    assert r.stages[0].reason == ExitReason.TIMEOUT

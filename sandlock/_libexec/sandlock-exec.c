@@ -14,6 +14,7 @@
  *     'e' an empty file of mode 0 (hidden files are covered by it), 'h' a path to hide,
  *     'r' a path to make read-only
  *   8 the control socket of the sandbox's root (sandlock-init.c), -1 in none
+ *   9.. (FLAGS >> 8 of them) fds the program gets as they are (a fan-in pipeline's inputs)
  *
  * Two processes: this one forks at once. The parent stays outside the sandbox as its root
  * (sandlock-init.c: the subreaper that keeps, limits and finally ends the process tree);
@@ -77,7 +78,9 @@ enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, S
        ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER, ST_USERNS, ST_ID_MAP,
        ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT, ST_CHILD, ST_FORK };
 
-enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7, FD_CONTROL = 8 };
+enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7, FD_CONTROL = 8,
+       FD_PASSED = 9, MAX_PASSED = 64 };
+static int passed; /* fds FD_PASSED.. kept for the program (FLAGS >> 8) */
 enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16 };
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
@@ -372,6 +375,8 @@ static void become_root_of_tree(void) {
     }
     for (int fd = FD_STATUS; fd <= FD_PROTECT; fd++)
         close(fd);
+    for (int fd = FD_PASSED; fd < FD_PASSED + passed; fd++)
+        close(fd);  /* the program's, not the root's */
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (null >= 0) {
         for (int fd = 0; fd <= 2; fd++)
@@ -431,11 +436,12 @@ int main(int argc, char **argv) {
     int privileged = (int)parse_num(argv[4], 10);
     int flags = (int)parse_num(argv[5], 10);
     int has_ruleset = flags & F_RULESET;
-    if (cap_last > 63)
+    passed = flags >> 8;
+    if (cap_last > 63 || passed > MAX_PASSED)
         fail(ST_ARGS, EINVAL);
 
     /* Nothing the parent leaked (fds without O_CLOEXEC) reaches the program. */
-    if (syscall(SYS_close_range, FD_CONTROL + 1, ~0U, 0) < 0)
+    if (syscall(SYS_close_range, FD_PASSED + passed, ~0U, 0) < 0)
         fail(ST_CLOSE_FDS, errno);
     become_root_of_tree();
     if ((flags & (F_OVERLAY | F_PROTECT)) && enter_namespace())

@@ -77,8 +77,8 @@ class Auditor:
 
 
 def run(fields: dict, argv: list[str], *, tool: str, source: str, auditor: Auditor,
-        timeout: float, input: bytes | None = None, max_output: int = MAX_OUTPUT,
-        sandbox_kwargs: dict | None = None) -> CallOutcome:
+        timeout: float, input: bytes | None = None,
+        max_output: int = MAX_OUTPUT) -> CallOutcome:
     """Run `argv` in a new Sandbox(**fields); never raises for what the program did (that
     is in the outcome), raises CallError when nothing could run."""
     from ..errors import PolicyError
@@ -90,15 +90,34 @@ def run(fields: dict, argv: list[str], *, tool: str, source: str, auditor: Audit
     call_log = auditor.call_log(tool)
     fields["audit_log"] = call_log
     try:
-        sb = Sandbox(**fields, **(sandbox_kwargs or {}))
+        sb = Sandbox(**fields)
         proc = sb.popen(argv, stdin=StdioMode.PIPED if input else StdioMode.NULL,
                         stdout=StdioMode.PIPED, stderr=StdioMode.PIPED)
     except CommandNotFound as e:
+        _read_records(call_log)
         raise CallError(f"{e} (in the {tool} tool's sandbox)") from None
     except PolicyError as e:
+        _read_records(call_log)
         raise CallError(f"{tool}'s policy ({source}): {e}") from None
     except SandlockError as e:
+        _read_records(call_log)
         raise CallError(f"{tool}: the sandbox could not start: {e}") from None
+    try:
+        result, out, err, truncated, timed_out = finish(proc, input, timeout, max_output)
+    finally:
+        records = _read_records(call_log)
+    if wanted_log:
+        auditor.forward(wanted_log, allowed, records)
+    found = denials.collect(records, result.denials, tool, source)
+    return CallOutcome(exit_code=result.exit_code, success=result.success, stdout=out,
+                       stderr=err, truncated=truncated, timed_out=timed_out,
+                       error=result.error, denials=found, changes=list(result.changes),
+                       refused=list(getattr(result.workspace, "refused", []) or []))
+
+
+def finish(proc, input: bytes | None, timeout: float, max_output: int = MAX_OUTPUT):
+    """Run a started Process to its end within `timeout` seconds: (Result, stdout, stderr,
+    truncated, timed_out). The process is closed in every case."""
     deadline = time.monotonic() + timeout
     try:
         out, err, truncated, timed_out = _communicate(proc, input, deadline, max_output)
@@ -107,14 +126,7 @@ def run(fields: dict, argv: list[str], *, tool: str, source: str, auditor: Audit
         timed_out = timed_out or result.reason.name == "TIMEOUT"
     finally:
         proc.close()
-    records = _read_records(call_log)
-    if wanted_log:
-        auditor.forward(wanted_log, allowed, records)
-    found = denials.collect(records, result.denials, tool, source)
-    return CallOutcome(exit_code=result.exit_code, success=result.success, stdout=out,
-                       stderr=err, truncated=truncated, timed_out=timed_out,
-                       error=result.error, denials=found, changes=list(result.changes),
-                       refused=list(getattr(result.workspace, "refused", []) or []))
+    return result, out, err, truncated, timed_out
 
 
 def _communicate(proc, input: bytes | None, deadline: float, cap: int):

@@ -18,7 +18,9 @@ Two forms, in the policy file schema of sandlock.policy_file:
 
 Defaults, deny by default: the system directories read-only, the workspace readable (and
 writable for shell, python and write_file; web_fetch has no workspace at all), no network,
-a clean environment, a private TMPDIR, the user's files protected. A section adds to them
+a clean environment, a private TMPDIR, the user's files protected, the cloud metadata
+endpoint denied outright (with a deny rule, the supervisor judges every connect, so that
+every network denial is audited and returned to the client). A section adds to them
 as a policy file adds to `sandlock run`: lists extend, scalars replace. One key of its own:
 `workspace_access: none|read|write`. Refused in a tool section, with file:line: `workspace:`
 (the workspace is `--workspace`/`--cow`), `process.cwd` (tools run in the workspace),
@@ -38,6 +40,7 @@ ACCESS = ("none", "read", "write")
 DEFAULT_ACCESS = {"shell": "write", "python": "write", "write_file": "write",
                   "read_file": "read", "list_files": "read", "web_fetch": "none"}
 DEFAULT_TIMEOUT = 60.0
+METADATA = ("169.254.169.254", "[fd00:ec2::254]")  # cloud metadata, denied to every tool
 MAX_TIMEOUT = 3600.0
 
 
@@ -56,7 +59,8 @@ class ToolPolicy:
         """Sandbox keyword arguments for one call in `workspace` (None: no workspace)."""
         from ..policy_file import merge_fields, system_fields
         base = dict(system_fields()) if self.system else {}
-        base.update(clean_env=True, private_tmp=True, protect_user_files=True)
+        base.update(clean_env=True, private_tmp=True, protect_user_files=True,
+                    net_deny=list(METADATA))  # also: every connect is judged and audited
         if workspace is not None and self.access != "none":
             key = "fs_writable" if self.access == "write" else "fs_readable"
             base = merge_fields(base, {key: [workspace]})

@@ -417,6 +417,7 @@ def _check_args(name: str, args: dict) -> None:
               "integer": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
               "object": isinstance(value, dict)}[kind]
         if not ok:
-            raise ToolInputError(f"{key}: expected {'a positive integer' if kind == 'integer' else 'a ' + kind}")
+            expected = "a positive integer" if kind == "integer" else f"a {kind}"
+            raise ToolInputError(f"{key}: expected {expected}")
         if "enum" in props[key] and value not in props[key]["enum"]:
             raise ToolInputError(f"{key}: expected one of {', '.join(props[key]['enum'])}")
