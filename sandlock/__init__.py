@@ -25,6 +25,8 @@ _LAZY = {
     "load_profile": "profiles", "list_profiles": "profiles",
     "NamedStage": "pipeline", "Gather": "pipeline", "GatherPipeline": "pipeline",
     "inputs": "_inputs",
+    "Change": "cow.changes", "Entry": "cow.changes", "renames": "cow.changes",
+    "DryRunResult": "result",
 }
 
 
@@ -44,7 +46,7 @@ __all__ = [
     "landlock_abi_version", "min_landlock_abi", "parse_ports", "system_readable",
     "system_devices", "system_denied", "secret_paths", "persistence_paths",
     "toolchain_grants", "load_profile", "list_profiles", "NamedStage", "Gather",
-    "GatherPipeline", "inputs",
+    "GatherPipeline", "inputs", "Change", "Entry", "renames", "DryRunResult",
     "SandlockError", "PolicyError", "SandboxError", "ForkError", "ConfinementError",
     "KernelFeatureError", "LandlockUnavailableError", "SeccompError", "NotifError",
     "ChildError", "BranchError", "BranchConflictError", "MemoryProtectError",

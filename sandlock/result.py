@@ -50,3 +50,8 @@ class Result:
     def __repr__(self) -> str:
         return (f"Result(success={self.success}, exit_code={self.exit_code}, "
                 f"error={self.error!r}, reason={self.reason!r}, signal={self.signal})")
+
+
+# What Sandbox.dry_run returns: a Result whose `changes` are what the run would have
+# changed (upstream's name for it).
+DryRunResult = Result

@@ -302,3 +302,31 @@ def test_a_created_process_that_is_never_started_never_runs(tmp_path):
     assert not marker.exists()
     assert not os.path.exists(f"/proc/{pid}") or \
         open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_change_entry_and_renames_upstream_shape(tmp_path):
+    from sandlock import Change, DryRunResult, Entry, renames
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "old.txt").write_text("moved content\n")
+    (wd / "keep.txt").write_text("same\n")
+    (wd / "edit.txt").write_text("one\n")
+    sb = sandbox(workdir=str(wd), fs_writable=[str(wd)], cwd=str(wd))
+    r = sb.dry_run(["/bin/sh", "-c", "mv old.txt new.txt; touch keep.txt; echo two > edit.txt;"
+                                     " ln -s keep.txt link"], timeout=30)
+    assert isinstance(r, DryRunResult) and r.success, r.stderr
+    by = {c.path: c for c in r.changes}
+    assert all(isinstance(c, Change) for c in r.changes)
+    assert {p: c.kind for p, c in by.items()} == {"old.txt": "D", "new.txt": "A",
+                                                   "keep.txt": "M", "edit.txt": "M",
+                                                   "link": "A"}, r.changes
+    assert by["keep.txt"].content_unchanged and not by["edit.txt"].content_unchanged
+    assert not by["edit.txt"].type_changed
+    e = by["new.txt"].after
+    assert isinstance(e, Entry) and e.kind == "file" and e.size == len("moved content\n")
+    import hashlib
+    assert e.digest == hashlib.sha256(b"moved content\n").digest() and e.target is None
+    assert by["link"].after.target == "keep.txt" and by["link"].after.digest is None
+    assert renames(r.changes) == [("old.txt", "new.txt")]
+    assert str(by["old.txt"]) == "D  old.txt"
+    assert sorted(os.listdir(wd)) == ["edit.txt", "keep.txt", "old.txt"]  # discarded

@@ -20,9 +20,21 @@ class Entry:
     kind: str            # "file", "dir", "symlink", "fifo", "socket", "other"
     mode: int            # permission bits
     size: int
-    digest: str = ""     # sha256 of a file's content; a symlink's target
+    hash: str = ""       # sha256 (hex) of a file's content; a symlink's target
     mtime_ns: int = 0    # files: a touch is a change too
     source: str = field(default="", repr=False, compare=False)  # real path of the content
+
+    # Upstream's names: the raw SHA-256 of a file, the target of a symlink.
+    @property
+    def digest(self) -> bytes | None:
+        return bytes.fromhex(self.hash) if self.kind == "file" else None
+
+    @property
+    def target(self) -> str | None:
+        return self.hash if self.kind == "symlink" else None
+
+    def _same_content(self, other: "Entry") -> bool:
+        return self.kind == other.kind and self.hash == other.hash
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,29 @@ class Change:
     action: str          # "added", "modified", "deleted"
     before: Entry | None
     after: Entry | None
+
+    # Upstream's view of the same change.
+    @property
+    def kind(self) -> str:
+        """"A" added, "M" modified (both sides present), "D" deleted."""
+        if self.after is None:
+            return "D"
+        return "A" if self.before is None else "M"
+
+    @property
+    def content_unchanged(self) -> bool:
+        """Both sides present, the same kind and bytes or target (a touch, a mode change,
+        an identical rewrite)."""
+        return (self.before is not None and self.after is not None
+                and self.before._same_content(self.after))
+
+    @property
+    def type_changed(self) -> bool:
+        return (self.before is not None and self.after is not None
+                and self.before.kind != self.after.kind)
+
+    def __str__(self) -> str:
+        return f"{self.kind}  {self.path}"
 
     def describe(self) -> str:
         """One line for a person; the sandbox chose the names, so they are escaped."""
@@ -41,9 +76,9 @@ class Change:
                 return "-"
             text = f"{e.kind} {e.mode:04o}"
             if e.kind == "file":
-                text += f" {e.size}B {e.digest[:12]}"
+                text += f" {e.size}B {e.hash[:12]}"
             elif e.kind == "symlink":
-                text += f" -> {printable(e.digest)}"
+                text += f" -> {printable(e.hash)}"
             return text
         return (f"{self.action:<9} {printable(self.path):<40} {side(self.before)}  =>  "
                 f"{side(self.after)}")
@@ -176,3 +211,19 @@ def table(changes: list[Change]) -> str:
     lines.append(f"{len(changes)} changes: {counts['added']} added, {counts['modified']} "
                  f"modified, {counts['deleted']} deleted")
     return "\n".join(lines)
+
+
+def renames(changes) -> list[tuple[str, str]]:
+    """(old, new) for each deleted file paired with the one added file of the same
+    content; a content seen more than once on either side is ambiguous and left out."""
+    def unique(side: str) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for c in changes:
+            e, other = (c.before, c.after) if side == "before" else (c.after, c.before)
+            if e is None or other is not None or e.kind != "file":
+                continue
+            out[e.hash] = None if e.hash in out else c.path
+        return out
+    deleted, added = unique("before"), unique("after")
+    return sorted((old, added[h]) for h, old in deleted.items()
+                  if old is not None and added.get(h) is not None)

@@ -84,7 +84,7 @@ def _plan(layer: CowLayer, changes: list[Change]) -> dict:
         if not (source == layer.upper or source.startswith(layer.upper + "/")):
             source = _copy_up_source(layer, c.path)
         op = {"op": "place", "path": c.path, "kind": a.kind, "mode": a.mode,
-              "digest": a.digest, "source": source, "mtime_ns": a.mtime_ns}
+              "digest": a.hash, "source": source, "mtime_ns": a.mtime_ns}
         st = os.lstat(source)
         if a.kind == "file" and st.st_nlink > 1:
             first = linked.setdefault((st.st_dev, st.st_ino), c.path)

@@ -19,7 +19,10 @@ import os
 import stat
 import sys
 
-DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Directories on the way are opened O_PATH: a lookup needs no right on them (a directory
+# holding a denied path has no read right under Landlock, yet what lies beside it may).
+DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+LISTED = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def fail(err: OSError, at: str) -> None:
@@ -54,7 +57,11 @@ def main(argv) -> None:
     op, rel, limit = argv[0], argv[1], int(argv[2])
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     if op == "list":
-        fd = walk(parts + ["."])  # the directory `rel` itself
+        fd = walk(parts or ["."])
+        try:
+            fd = os.open(parts[-1] if parts else ".", LISTED, dir_fd=fd)
+        except OSError as e:
+            fail(e, rel or ".")
         entries = []
         try:
             with os.scandir(fd) as it:
