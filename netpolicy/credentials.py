@@ -36,7 +36,7 @@ import base64
 import os
 import re
 from dataclasses import dataclass, field
-from urllib.parse import quote, unquote, unquote_plus
+from urllib.parse import quote, unquote_plus
 
 from .http_rules import HttpRule, HttpRuleError, parse_http_rule
 
@@ -176,28 +176,57 @@ def parse_auth_rule(rule) -> AuthRule:
                     add_only)
 
 
+MAX_ENVIRON = 4 << 20   # an environment larger than this is not read: not trusted
+_SPECIAL_MAPPINGS = ("[vdso]", "[vsyscall]")
+
+
 @dataclass(frozen=True)
 class Identity:
-    """The program that made a connection, as the supervisor saw it at connect time."""
+    """A process holding a connection, as the supervisor saw it."""
     exe: tuple[int, int] | None   # (st_dev, st_ino) of /proc/PID/exe
     path: str                     # for refusal texts
-    loader_vars: tuple[str, ...] = ()   # LOADER_VARS set in its environment
+    problems: tuple[str, ...] = ()  # why its code may not be the program's own
+
+    @property
+    def loader_vars(self) -> tuple[str, ...]:  # (the first kind of problem)
+        return tuple(p.split("=")[0] for p in self.problems if p.startswith("LD_"))
 
 
-def identify(pid: int) -> Identity:
-    """Read `pid`'s executable and loader variables (the caller holds it stopped in a
-    syscall). Unreadable: an identity no binding matches."""
+def identify(pid: int, writable=()) -> Identity:
+    """`pid`'s executable, and whether all the code it runs is the program's: no loader
+    variable in its environment (read whole), and every executable mapping a file on
+    disk beneath none of `writable` (the paths the sandbox may write). Code the sandbox
+    could have written — a preloaded library, an OpenSSL provider, a memfd, anonymous
+    executable memory — makes it someone else's program. Unreadable: no binding
+    matches."""
     try:
         st = os.stat(f"/proc/{pid}/exe")
         path = os.readlink(f"/proc/{pid}/exe")
         with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read(1 << 20)
+            env = f.read(MAX_ENVIRON + 1)
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            maps = f.read()
     except OSError:
-        return Identity(None, "?")
-    loaders = tuple(v.decode() for v in LOADER_VARS
-                    for entry in env.split(b"\0") if entry.startswith(v + b"=") and
-                    entry[len(v) + 1:])
-    return Identity((st.st_dev, st.st_ino), path, loaders)
+        return Identity(None, "?", ("unreadable",))
+    problems = []
+    if len(env) > MAX_ENVIRON:
+        problems.append(f"an environment over {MAX_ENVIRON >> 20} MiB")
+    for entry in env.split(b"\0"):
+        name, eq, value = entry.partition(b"=")
+        if eq and value and name in LOADER_VARS:
+            problems.append(f"{name.decode()}=")
+    for line in maps.decode("utf-8", "replace").splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5 or "x" not in fields[1]:
+            continue
+        where = fields[5] if len(fields) == 6 else ""
+        if where in _SPECIAL_MAPPINGS:
+            continue
+        if not where.startswith("/") or where.endswith(" (deleted)"):
+            problems.append(f"executable memory {where or '(anonymous)'}")
+        elif any(where == w or where.startswith(w.rstrip("/") + "/") for w in writable):
+            problems.append(f"code from {where}, which the sandbox may write")
+    return Identity((st.st_dev, st.st_ino), path, tuple(dict.fromkeys(problems)))
 
 
 class Refused(Exception):
@@ -258,24 +287,31 @@ class Credentials:
         from .http_rules import HttpPolicy
         return HttpPolicy(tuple(r.match for r in self.rules)).named_hosts()
 
-    def _allowed_program(self, rule: AuthRule, identity: Identity | None) -> bool:
+    def _allowed_program(self, rule: AuthRule, holders) -> bool:
+        """Every process holding the connection (there is at least one) runs a program the
+        rule names, with none of its code from elsewhere."""
         if not rule.executables:
             return True
-        return (identity is not None and not identity.loader_vars
-                and identity.exe in self._bound[rule.spec])
+        return bool(holders) and all(not h.problems and h.exe in self._bound[rule.spec]
+                                     for h in holders)
 
     def apply(self, method: str, host: str, path: str, port: int, query: str | None,
               qs: dict, hdrs: dict, headers: list, tls: bool,
-              identity: Identity | None) -> Applied:
-        """Add the credentials this request may carry; raises Refused."""
+              holders=None) -> Applied:
+        """Add the credentials this request may carry; raises Refused. `holders()`: the
+        Identity of every process holding the connection now (asked only when a rule is
+        bound to programs)."""
         where = f"{method} {host}{path}"
         usable: dict[str, AuthRule] = {}
         withheld = []
+        seen = None
         for r in self.rules:
             if r.credential in usable or not r.match.matches(method, host, path, qs, hdrs,
                                                              port):
                 continue
-            if not self._allowed_program(r, identity):
+            if r.executables and seen is None:
+                seen = list(holders()) if holders is not None else []
+            if not self._allowed_program(r, seen):
                 withheld.append(r.credential)
                 continue
             if not tls and not r.allow_cleartext:
@@ -286,9 +322,11 @@ class Credentials:
 
         def refuse(cred: str, what: str):
             if cred in withheld:
-                why = (f"from {identity.path if identity else '?'}, a program its rule "
-                       f"does not name" + (f" (started with {', '.join(identity.loader_vars)})"
-                                           if identity and identity.loader_vars else ""))
+                odd = [h for h in seen or () if h.problems] or list(seen or ())
+                first = odd[0] if odd else None
+                why = (f"from {first.path if first else '?'}, a program its rule does not "
+                       f"name" + (f" ({first.problems[0]})" if first and first.problems
+                                  else ""))
             else:
                 why = "which no rule for it names"
             raise Refused(f"the placeholder of credential {cred} was sent in the {what} of "
@@ -296,26 +334,34 @@ class Credentials:
 
         secrets = self._secrets
         injected: dict[str, None] = {}  # ordered set of the credentials added
+        wire: set[bytes] = set()        # swapped header values, masked in echoes
         for cred, ph in self.placeholders.items():  # never in a path or a header name
             text = ph.decode()
-            if text in path.lower() or text in unquote(path).lower():
-                refuse(cred, "path")
-            if any(ph in n for n, _ in headers):
+            if text in _plain(path) or text in _plain(method):
+                refuse(cred, "request line")
+            if any(text in _plain(n.decode("latin-1")) for n, _ in headers):
                 refuse(cred, "header names")
         out = []
         for name, value in headers:
             for cred, ph in self.placeholders.items():
-                value, found = _swap_header(name, value, ph, secrets[cred])
+                swapped, found = _swap_header(name, value, ph, secrets[cred])
                 if found:
                     if cred not in usable:
                         refuse(cred, f"header {name.decode('latin-1')}")
                     injected[cred] = None
+                    # What went out holds the secret in a spelling of the client's making
+                    # (inside a Basic value, say): mask that spelling in echoes too.
+                    wire.add(swapped)
+                    wire.update(t for t in swapped.split() if len(t) >= 8)
+                    value = swapped
+                elif ph.decode() in _plain(value.decode("latin-1")) and cred not in usable:
+                    refuse(cred, f"header {name.decode('latin-1')} (encoded)")
             out.append((name, value))
         if query:
-            decoded = unquote_plus(query)
+            decoded = _plain(query)
             for cred, ph in self.placeholders.items():
                 text = ph.decode()
-                if text in decoded or text in decoded.lower():
+                if text in decoded:
                     if cred not in usable:
                         refuse(cred, "query string")
                     if "query" in usable[cred].swap:
@@ -351,9 +397,47 @@ class Credentials:
         swap = {self.placeholders[c]: secrets[c] for c, r in usable.items()
                 if "body" in r.swap and c in self.placeholders}
         scan = {ph: c for c, ph in self.placeholders.items() if c not in usable}
-        redact = tuple(secrets[c] for c in injected) + tuple(swap.values())
+        sent = list(dict.fromkeys([*injected, *(c for c, r in usable.items()
+                                                 if "body" in r.swap)]))
+        redact = tuple(sorted({f for c in sent for f in self.forms(c)} | wire,
+                              key=len, reverse=True))
+        if sent:
+            # The response must come back as sent, or an echo of the secret could pass
+            # compressed: ask for no content coding (the filter refuses one), and for no
+            # compressed WebSocket frames after an allowed switch.
+            out = [(n, v) for n, v in out
+                   if n not in (b"accept-encoding", b"sec-websocket-extensions")]
+            out.append((b"accept-encoding", b"identity"))
         return Applied(out, query, tuple(injected), tuple(dict.fromkeys(withheld)), swap,
                        scan, redact)
+
+    def forms(self, cred: str) -> tuple[bytes, ...]:
+        """Every spelling of a secret the filter may put on the wire, to mask in echoes:
+        the secret, percent-encoded, base64 alone and as a Basic value for each rule's
+        user (and for any user: the part after the first three bytes of `user:`)."""
+        secret = self._secrets[cred]
+        out = {secret, quote(secret, safe="").encode(), quote(secret, safe="/").encode(),
+               base64.b64encode(secret)}
+        for r in self.rules:
+            if r.credential == cred and r.scheme == "basic" and r.param:
+                out.add(base64.b64encode(r.param.encode() + b":" + secret))
+        return tuple(sorted(out, key=len, reverse=True))
+
+    def all_forms(self) -> tuple[bytes, ...]:
+        """The spellings of every secret: masked in every response this sandbox gets."""
+        return tuple(sorted({f for c in self._secrets for f in self.forms(c)},
+                            key=len, reverse=True))
+
+
+def _plain(text: str) -> str:
+    """Lower case, percent-decoded until it no longer changes (at most 4 rounds): the
+    spellings a placeholder could be smuggled in."""
+    for _ in range(4):
+        decoded = unquote_plus(text)
+        if decoded == text:
+            break
+        text = decoded
+    return text.lower()
 
 
 def _param_name(pair: str) -> str:

@@ -62,7 +62,7 @@ class HttpContext:
 
     def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
                  info=None, intercept=None, upgrades=frozenset(), slots=None,
-                 addresses_for=None, credentials=None, identity=None):
+                 addresses_for=None, credentials=None, holders=None):
         self.address = ipaddress.ip_address(address)
         self.port = port
         self.intercept = intercept  # tls_intercept.Interceptor, or None (SNI only)
@@ -75,7 +75,7 @@ class HttpContext:
         self.audit = audit          # callable(**record), or None
         self.info = info or {}      # sandbox, pid, argv for the audit records
         self.credentials = credentials  # netpolicy.credentials.Credentials, or None
-        self.identity = identity    # credentials.Identity of the connecting program
+        self.holders = holders      # () -> [credentials.Identity] of the socket's holders
 
 
 class Refusal(Exception):
@@ -253,7 +253,7 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
         from .credentials import Refused
         try:
             applied = ctx.credentials.apply(method, host, path, ctx.port, query, qs, hdrs,
-                                            keep, ctx.sni is not None, ctx.identity)
+                                            keep, ctx.sni is not None, ctx.holders)
         except Refused as r:
             raise Refusal(403, r.reason, f"credential:{r.credential}", method=method,
                           host=host, path=path) from None
@@ -510,9 +510,10 @@ def _connect_upstream(ctx: HttpContext) -> socket.socket:
     return s
 
 
-def _splice(a: socket.socket, b: socket.socket) -> None:
+def _splice(a: socket.socket, b: socket.socket, redact_b=None) -> None:
     """Relay both ways until either side closes or IDLE_TIMEOUT passes without a byte.
-    Every write is bounded too: a peer that stops reading ends the relay."""
+    Every write is bounded too: a peer that stops reading ends the relay. `redact_b`
+    (a credentials.Redactor) masks secrets in what `b` sends to `a`."""
     import selectors
     a.settimeout(IDLE_TIMEOUT)
     b.settimeout(IDLE_TIMEOUT)
@@ -531,6 +532,8 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
             for s in ready:
                 data = s.recv(CHUNK)
                 if not data:
+                    if s is b and redact_b is not None:
+                        a.sendall(redact_b.flush())
                     open_.discard(s)
                     sel.unregister(s)
                     try:
@@ -538,6 +541,8 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
                     except OSError:
                         pass
                     continue
+                if s is b and redact_b is not None:
+                    data = redact_b.feed(data)
                 peers[s].sendall(data)
 
 
@@ -555,6 +560,7 @@ class _HttpConnection:
         self.last = time.monotonic()
         self.head_deadline: float | None = None
         self._redactor = None  # credentials.Redactor for the response in flight
+        self._identity_only = False  # a credential went out: no content coding back
 
     def _left(self) -> float:
         left = self.last + IDLE_TIMEOUT - time.monotonic()
@@ -615,8 +621,8 @@ class _HttpConnection:
             fields.setdefault("method", method)
         proxy._audit(self.ctx, "deny", protocol=self.protocol, rule=r.rule, reason=r.reason,
                      errno="EACCES", **fields)
-        phrase = {400: b"Bad Request", 403: b"Forbidden",
-                  413: b"Content Too Large"}.get(r.status, b"Error")
+        phrase = {400: b"Bad Request", 403: b"Forbidden", 413: b"Content Too Large",
+                  502: b"Bad Gateway"}.get(r.status, b"Error")
         body = f"sandlock: {r.reason}\n".encode("utf-8", "replace")
         head = (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n" % (r.status, phrase,
@@ -654,8 +660,14 @@ class _HttpConnection:
         swap = applied.body_swap if applied is not None else {}
         scanner = Scanner(applied.body_scan) if applied is not None and \
             applied.body_scan else None
-        self._redactor = Redactor(applied.redact) if applied is not None and \
-            applied.redact else None
+        # A sandbox with credentials has every spelling of every secret masked in every
+        # response it gets (an echo, a stored copy); with what this request carried.
+        creds = self.ctx.credentials
+        forms = (applied.redact if applied is not None else ()) + (
+            creds.all_forms() if creds is not None else ())
+        self._redactor = Redactor(sorted(set(forms), key=len, reverse=True)) if forms \
+            else None
+        self._identity_only = applied is not None and bool(applied.redact)
         self._method = d.method
         if self.server.they_are_waiting_for_100_continue:
             self._send_down(h11.InformationalResponse(status_code=100, headers=[],
@@ -747,6 +759,15 @@ class _HttpConnection:
                 self._send_down(h11.Response(status_code=ev.status_code, headers=[],
                                              reason=ev.reason))
                 return self._tunnel()
+            if isinstance(ev, h11.Response) and self._identity_only and any(
+                    n.lower() == b"content-encoding" and v.strip().lower() != b"identity"
+                    for n, v in ev.headers):
+                # We asked for no content coding: an echo of the secret could hide in one.
+                self.close_upstream()
+                self._refuse(self._proxy, Refusal(
+                    502, "the server sent a compressed response to a request that carried a "
+                         "credential (identity was asked for)", "default:credential-echo"))
+                return False
             if isinstance(ev, h11.Response):
                 chunked = any(n.lower() == b"transfer-encoding" for n, _ in ev.headers)
                 # h11 decoded the body by Transfer-Encoding when both were sent: the
@@ -757,10 +778,12 @@ class _HttpConnection:
                 if chunked:
                     headers.append((b"transfer-encoding", b"chunked"))
                 red = self._redactor
+                reason = ev.reason
                 if red is not None:  # a server echoing a secret does not hand it inside
                     headers = [(n, red.value(v)) for n, v in headers]
+                    reason = red.value(reason)
                 self._send_down(h11.Response(status_code=ev.status_code, headers=headers,
-                                             reason=ev.reason))
+                                             reason=reason))
             elif isinstance(ev, h11.Data):
                 data = ev.data if self._redactor is None else self._redactor.feed(ev.data)
                 if data:
@@ -783,6 +806,8 @@ class _HttpConnection:
         """An allowed upgrade was accepted upstream: pass the 101 on, then splice."""
         keep = [(n, v) for n, v in ev.headers
                 if n.lower() in (b"upgrade", b"connection") or n.lower().startswith(b"sec-")]
+        if self._redactor is not None:  # what follows the switch is not inspected
+            keep = [(n, self._redactor.value(v)) for n, v in keep]
         self._send_down(h11.InformationalResponse(status_code=101, headers=keep,
                                                   reason=b"Switching Protocols"))
         return self._tunnel()
@@ -794,9 +819,10 @@ class _HttpConnection:
         from_upstream, _ = self.client.trailing_data
         if from_client:
             self.up.sendall(from_client)
+        red = self._redactor  # a sandbox with credentials: its secrets masked after too
         if from_upstream:
-            self.conn.sendall(from_upstream)
-        _splice(self.conn, self.up)
+            self.conn.sendall(red.feed(from_upstream) if red is not None else from_upstream)
+        _splice(self.conn, self.up, red)
         return False
 
 

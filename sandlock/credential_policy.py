@@ -52,9 +52,15 @@ def _source(name: str, value) -> str:
         raise PolicyError(f"credentials: {name}: fd:{rest}: expected an open descriptor "
                           f"other than 1 and 2 (fd:0 for a pipe on stdin)")
     if kind == "file":
-        path = os.path.abspath(os.path.expanduser(rest))
+        # Denied inside by the file it reaches (a symlink's target), and only when that
+        # is its one name: another hard link elsewhere could be read through.
+        path = os.path.realpath(os.path.expanduser(rest))
         if not os.path.isfile(path):
             raise PolicyError(f"credentials: {name}: {path} is not a file")
+        if os.stat(path).st_nlink > 1:
+            raise PolicyError(f"credentials: {name}: {path} has other hard links, through "
+                              f"which the sandbox could read it; keep the secret in a file "
+                              f"of its own")
         return f"file:{path}"
     if kind == "cmd":
         try:
@@ -105,6 +111,11 @@ def parse_credentials(fields: dict, intercept, writable, beneath) -> CredentialS
             path = os.path.realpath(os.path.expanduser(p))
             if not os.path.isfile(path) or not os.access(path, os.X_OK):
                 raise PolicyError(f"http_auth: {r.spec}: for: {p} is not an executable file")
+            with open(path, "rb") as f:
+                if f.read(2) == b"#!":
+                    raise PolicyError(f"http_auth: {r.spec}: for: {p} is a script, which runs "
+                                      f"as its interpreter: name the interpreter (and know "
+                                      f"that every script it runs then gets the credential)")
             w = next((w for w in writable if beneath(path, w)), None)
             if w is not None:
                 raise PolicyError(f"http_auth: {r.spec}: for: {path} lies beneath the "

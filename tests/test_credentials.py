@@ -33,7 +33,7 @@ def _apply(creds, headers=(), query=None, method="GET", host="api.test", path="/
     for n, v in headers:
         hdrs.setdefault(n.decode(), []).append(v.decode())
     return creds.apply(method, host, path, 443, query, {}, hdrs, list(headers), tls,
-                       identity)
+                       (lambda: [identity]) if identity is not None else None)
 
 
 def test_rule_forms_and_errors():
@@ -65,7 +65,8 @@ def test_injection_replaces_and_placeholders_are_swapped_or_refused():
     assert [v for n, v in a.headers if n == b"authorization"] == [b"Bearer secret-a"]
     assert [v for n, v in a.headers if n == b"x-key"] == [b"secret-b"]
     assert a.query == "k=secret-b&x=1" and set(a.injected) == {"A", "B"}
-    assert set(a.redact) == {b"secret-a", b"secret-b"}
+    assert {b"secret-a", b"secret-b", base64.b64encode(b"secret-a")} <= set(a.redact)
+    assert (b"accept-encoding", b"identity") in a.headers  # an echo cannot come compressed
     # Outside every rule: nothing is added, and a placeholder refuses the request.
     assert _apply(c, [(b"accept", b"*/*")], host="other.test").injected == ()
     with pytest.raises(Refused, match="placeholder of credential A was sent in the header "
@@ -91,9 +92,11 @@ def test_upstream_spellings_add_only_and_encoded_placeholders():
              parse_auth_rule("GET api.test/q/* query:key A replace")]
     c = Credentials(rules, {"A": "pw"}, {"A": "ph-a-123"})
     a = _apply(c, path="/b/1")
-    assert a.headers == [(b"authorization", b"Basic " + base64.b64encode(b"alice:pw"))]
+    assert a.headers == [(b"authorization", b"Basic " + base64.b64encode(b"alice:pw")),
+                         (b"accept-encoding", b"identity")]
+    assert base64.b64encode(b"alice:pw") in a.redact
     assert _apply(c, [(b"x-key", b"mine")], path="/k/1").headers == [(b"x-key", b"mine")]
-    assert _apply(c, path="/k/1").headers == [(b"x-key", b"pw")]
+    assert _apply(c, path="/k/1").headers[0] == (b"x-key", b"pw")
     # The parameter is recognised however its name is spelt, `?key` without a value too.
     assert _apply(c, query="%6Bey=child&a=1&key", path="/q/1").query == "a=1&key=pw"
     with pytest.raises(CredentialError, match="RFC 7617"):
@@ -115,7 +118,7 @@ def test_binding_to_a_program():
     assert _apply(c, identity=curl).injected == ("A",)
     a = _apply(c, identity=other)
     assert a.injected == () and a.withheld == ("A",)
-    assert _apply(c, identity=Identity(curl.exe, CURL, ("LD_PRELOAD",))).injected == ()
+    assert _apply(c, identity=Identity(curl.exe, CURL, ("LD_PRELOAD=",))).injected == ()
     with pytest.raises(Refused, match=f"from {PY}, a program its rule does not name"):
         _apply(c, [(b"authorization", b"Bearer ph-a")], identity=other)
 
@@ -269,7 +272,8 @@ def test_a_full_memory_scan_of_the_sandbox_finds_no_secret(web, tmp_path, token)
                  stdin=StdioMode.PIPED, stdout=StdioMode.PIPED)
     try:
         echoed = p.stdout.readline().decode().strip()
-        assert echoed == "Bearer " + "*" * len(token), echoed  # the server saw it; masked
+        # The server saw it; the value the client sent (swapped) comes back masked whole.
+        assert echoed == "*" * len("Bearer " + token), echoed
         assert p.stdout.readline().strip() == b"1"
         found = _scan(p.pid)
         assert found["placeholder"] and not found["secret"], found
@@ -442,6 +446,11 @@ def test_policy_errors_are_refused_before_anything_runs(web, tmp_path, token, mo
     tool.parent.mkdir()
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
+    with pytest.raises(PolicyError, match="is a script, which runs as its interpreter"):
+        sandbox(**base, http_auth=[f"GET api.test/* bearer TOK for={tool}"],
+                http_inject_ca=True)
+    import shutil
+    shutil.copy("/bin/true", tool)
     with pytest.raises(PolicyError, match="the sandbox could replace the program"):
         sandbox(**base, http_auth=[f"GET api.test/* bearer TOK for={tool}"],
                 http_inject_ca=True, fs_writable=[str(tool.parent)])
@@ -499,3 +508,118 @@ http:
     bad.write_text(policy.read_text().replace("scheme: bearer", "scheme: token"))
     r = _cli("policy", "check", str(bad))
     assert r.returncode != 0 and f"{bad}:11: http.auth".encode() in r.stderr, r.stderr
+
+
+# -- attacks from the review (each failed the promise before its fix) ------------------------
+
+USE_FD = r'''
+import os, socket, ssl
+s = socket.socket(fileno=int(os.environ["HJ_FD"]))
+host, port = os.environ["HJ_HOST"], os.environ["HJ_PORT"]
+t = ssl.create_default_context().wrap_socket(s, server_hostname=host)
+t.sendall(f"GET /v1/handoff HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+          .encode())
+data = b""
+while chunk := t.recv(65536):
+    data += chunk
+print("python got", data.split(b"\r\n")[0].decode())
+'''
+LAUNCH = r'''
+import os, sys
+mode, so, host, port, script = sys.argv[1:6]
+env = dict(os.environ, HJ_HOST=host, HJ_PORT=port, HJ_EXEC=sys.executable, HJ_SCRIPT=script)
+if mode == "scrub":
+    env.update(LD_PRELOAD=so, HJ_SCRUB="1")
+else:  # an OpenSSL provider: no loader variable at all
+    env["OPENSSL_CONF"] = os.path.join(os.path.dirname(so), "evil.cnf")
+os.execve("/usr/bin/curl", ["curl", "-sS", f"https://{host}:{port}/v1/never"], env)
+'''
+
+
+@pytest.mark.parametrize("mode", ["scrub", "openssl"])
+def test_a_bound_connection_handed_to_another_program_gets_no_secret(web, tmp_path, token,
+                                                                      mode):
+    """Code loaded into curl (bound) connects while it is curl, then execs python with the
+    socket: the credential follows whoever holds the connection at each request, not who
+    connected. The kit lies in a read-only grant (code the user installed)."""
+    tls = web[0]
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    so = kit / "handoff.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(so),
+                    os.path.join(ROOT, "tests", "helpers", "handoff.c")], check=True)
+    (kit / "use_fd.py").write_text(USE_FD)
+    (kit / "launch.py").write_text(LAUNCH)
+    (kit / "evil.cnf").write_text(
+        "openssl_conf = init\n[init]\nproviders = prov\n[prov]\nevil = evil_sect\n"
+        "default = default_sect\n[default_sect]\nactivate = 1\n"
+        f"[evil_sect]\nmodule = {so}\nactivate = 1\n")
+    for p in [kit, *kit.iterdir()]:
+        os.chmod(p, 0o755)
+    sb = _sb(web, tmp_path, [f"GET api.test/v1/* bearer TOK for={CURL}"],
+             fs_readable=[str(kit)], audit_allowed=True)
+    r = sb.run([PY, str(kit / "launch.py"), mode, str(so), "api.test", str(tls.port),
+                str(kit / "use_fd.py")], timeout=60)
+    assert "python got HTTP/1.1 200" in r.stdout.decode(), (r.stdout, r.stderr)
+    sent = [h.get("authorization") for _, p, h, _, _ in tls.seen if p == "/v1/handoff"]
+    assert sent == [None], sent   # the request arrived, without the secret
+    withheld = [x for x in _records(tmp_path) if x.get("path") == "/v1/handoff"]
+    assert withheld and withheld[0].get("credential_withheld") == "TOK"
+
+
+def test_code_the_sandbox_could_write_makes_a_process_not_its_program(tmp_path):
+    """identify(): executable memory that is not a file, or a file beneath a writable
+    path, is named; a plain process has none (the positive control)."""
+    from netpolicy.credentials import identify
+    from sandlock import StdioMode
+    code = ("import mmap, sys\n"
+            "m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)"
+            "\nprint('ready', flush=True)\nsys.stdin.read()\n")
+    for jit in (False, True):
+        p = sandbox().popen([PY, "-c", code if jit else code.replace(
+            " | mmap.PROT_EXEC", "")], stdin=StdioMode.PIPED, stdout=StdioMode.PIPED)
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            who = identify(p.pid, ["/tmp"])
+            assert who.exe == (os.stat(PY).st_dev, os.stat(PY).st_ino)
+            if jit:  # shared anonymous memory shows as "/dev/zero (deleted)"
+                assert len(who.problems) == 1 and who.problems[0].startswith(
+                    "executable memory "), who
+            else:
+                assert who.problems == (), who
+            assert identify(p.pid, [os.path.dirname(os.path.realpath(PY))]).problems[:1] \
+                == (f"code from {os.path.realpath(PY)}, which the sandbox may write",)
+        finally:
+            p.stdin.close()
+            p.wait(timeout=10)
+
+
+def test_echoes_in_other_spellings_are_masked_too(web, tmp_path, token, monkeypatch):
+    """The server echoes what it got: a Basic value, a percent-encoded query secret, a
+    gzip-compressed echo (identity is asked for; a compressed answer is refused), a
+    placeholder swapped inside a client's Basic value."""
+    tls, _, _, _ = web
+    odd = token + "+/=="
+    monkeypatch.setenv("SANDLOCK_TEST_ODD", odd)
+    sb = _sb(web, tmp_path, ["GET api.test/v1/echo basic:alice TOK",
+                             "GET api.test/q/* query:key ODD",
+                             "GET api.test/h/* header:X-Key TOK"],
+             credentials={"TOK": "env:SANDLOCK_TEST_TOKEN", "ODD": "env:SANDLOCK_TEST_ODD"},
+             credential_env={"TOK": "API_KEY"})
+    base = f"https://api.test:{tls.port}"
+    r = sb.run(["/bin/sh", "-c",
+                f"curl -sS --compressed {base}/v1/echo; echo; curl -sS '{base}/q/1'; echo; "
+                f'curl -sS -u "x:$API_KEY" {base}/h/1'], timeout=60)
+    out = r.stdout.decode()
+    import base64 as b64
+    for form in (token, b64.b64encode(f"alice:{token}".encode()).decode(),
+                 __import__("urllib.parse").parse.quote(odd, safe=""),
+                 b64.b64encode(f"x:{token}".encode()).decode()):
+        assert form not in out, (form, out)
+    assert "Basic ****" in out and "/q/1?key=****" in out, out
+    seen = {p.split("?")[0]: h for _, p, h, _, _ in tls.seen}
+    assert seen["/v1/echo"]["authorization"] == "Basic " + b64.b64encode(
+        f"alice:{token}".encode()).decode()            # it was sent,
+    assert seen["/v1/echo"]["accept-encoding"] == "identity"  # uncompressed,
+    assert seen["/h/1"]["authorization"] == "Basic " + b64.b64encode(
+        f"x:{token}".encode()).decode()                # and the placeholder swapped

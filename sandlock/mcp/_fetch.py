@@ -55,4 +55,5 @@ def main(argv) -> None:
     print(json.dumps(out))
 
 
-main(sys.argv[1:])
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -125,4 +125,5 @@ def main(argv) -> None:
     fail(OSError(errno.EINVAL, f"unknown operation {op}"), rel)
 
 
-main(sys.argv[1:])
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -3,7 +3,9 @@
 
 A tool with no capabilities gets: the system directories and the Python installation
 read-only, the workspace readable, /dev/null and friends, a private TMPDIR, a clean
-environment, the user's files protected, no network and no other writes. Capabilities
+environment, the user's files protected, no network (the cloud metadata endpoint denied
+outright, which also has every connect judged and its denial recorded in the Result) and
+no other writes. Capabilities
 are Sandbox fields; lists add to those defaults (a capability grants, it never takes the
 interpreter away), scalars replace. Differences from upstream, all fail-closed: an
 unknown capability is an error, not ignored; `clean_env` cannot be turned off (pass
@@ -56,6 +58,7 @@ def policy_for_tool(*, workspace: str = "/tmp/sandlock",
     from ..policy import system_denied, system_devices, system_readable
     from ..policy_file import merge_fields
     from ..sandbox import Sandbox
+    from .toolpolicy import METADATA
     known = _fields()
     caps = dict(capabilities or {})
     for key, value in caps.items():
@@ -69,7 +72,7 @@ def policy_for_tool(*, workspace: str = "/tmp/sandlock",
                 if os.path.exists(p)]
     base = {"fs_readable": system_readable() + readable, "fs_writable": system_devices(),
             "fs_denied": system_denied(), "clean_env": True, "private_tmp": True,
-            "protect_user_files": True,
+            "protect_user_files": True, "net_deny": list(METADATA),
             "cwd": workspace if os.path.isdir(workspace) else "/"}
     merged = merge_fields(base, caps)
     merged["clean_env"] = True

@@ -146,8 +146,9 @@ class McpSandbox:
         limit = timeout if timeout is not None else self._timeout
         limit = MAX_TIMEOUT if limit is None else min(float(limit), MAX_TIMEOUT)
         if name in self._local_tools:
-            import anyio
-            return await anyio.to_thread.run_sync(self._call_local, name, args, limit)
+            import asyncio
+            return await asyncio.get_running_loop().run_in_executor(
+                None, self._call_local, name, args, limit)
         if name in self._mcp_tools:
             result = await self._mcp_tool_session[name].call_tool(name, args)
             content = getattr(result, "content", None)

@@ -140,4 +140,5 @@ def main(manifest_path: str) -> int:
     return 0
 
 
-sys.exit(main(sys.argv[1]))
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

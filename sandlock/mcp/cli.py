@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 
 EXIT_SANDLOCK = 125
 
@@ -57,11 +56,6 @@ def main(argv: list[str]) -> int:
         from .wrap import main as wrap_main
         return wrap_main(argv[1:])
     a = _parser().parse_args(argv[1:])
-    try:
-        import mcp.server.lowlevel.server  # noqa: F401  (the optional extra)
-    except ImportError:
-        _say("error: sandlock mcp needs the MCP SDK: pip install 'sandlock[mcp]' (mcp>=2)")
-        return EXIT_SANDLOCK
     from ..errors import SandlockError
     try:
         return _serve(a)
@@ -107,23 +101,36 @@ def _interrupt(signum, frame):
 
 
 def _serve(a) -> int:
-    import anyio
     from ..cli import _say
     from . import runner, server, toolpolicy
     from .tools import ToolBox, interpreter
     _check_flags(a)
     workspace = _workspace(a)
     policies = toolpolicy.load(a.policy, a.policy_dir, a.timeout)
-    from ..errors import PolicyError
+    from ..errors import PolicyError, SandlockError
     from ..sandbox import Sandbox
     for tool, policy in policies.items():  # every tool's policy builds, or nothing starts
         try:  # (checked, not started: no secret is read here)
             Sandbox(**policy.sandbox_fields(workspace))
         except PolicyError as e:
             raise PolicyError(f"{tool}'s policy ({policy.source}): {e}") from None
+    try:
+        import mcp.server.lowlevel.server  # noqa: F401  (the optional extra)
+    except ImportError:
+        raise SandlockError("sandlock mcp needs the MCP SDK: pip install 'sandlock[mcp]' "
+                            "(mcp>=2)") from None
+    import anyio
     auditor = runner.Auditor()
     staging = None
     try:
+        for tool, policy in policies.items():  # opened now: a bad path stops the start
+            path = policy.fields.get("audit_log")
+            if path:
+                try:
+                    auditor.open(path, bool(policy.fields.get("audit_allowed")))
+                except OSError as e:
+                    raise PolicyError(f"{tool}'s policy ({policy.source}): audit.file: {path}: "
+                                      f"{e.strerror}") from None
         if a.cow:
             from .. import cow
             from .staging import Staging
@@ -143,7 +150,9 @@ def _serve(a) -> int:
         except KeyboardInterrupt:
             pass
     finally:
+        runner.kill_all()  # calls still running end now, not at their timeout
         if staging is not None:
-            staging.close()
+            with staging.lock:  # no commit is cut short (bounded by its timeout)
+                staging.close()
         auditor.close()
     return 0

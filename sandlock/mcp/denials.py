@@ -10,25 +10,37 @@ hosts, argv) is data, quoted as is in JSON; the one-line summaries are escaped.
 
 from __future__ import annotations
 
+import time
+
 MAX_ARG = 200   # characters kept of each argv entry in a returned record
 
 
-def collect(records: list[dict], refusals: list[dict], tool: str, source: str) -> list[dict]:
+def collect(records: list[dict], refusals: list[dict], tool: str, source: str,
+            sandbox: str | None = None) -> list[dict]:
+    """Denials from a call's audit records and the supervisor's other refusals (whose
+    records, made here in the audit log's schema, the caller appends to the audit log)."""
     from .runner import MAX_RECORDS
     out = []
     audited = set()
+    seen: dict[tuple, dict] = {}  # the same refusal again (a retry, an A and AAAA query)
     for rec in records:
         if rec.get("decision") != "deny":
             continue
         audited.add((rec.get("pid"), rec.get("reason")))
-        if len(out) < MAX_RECORDS:
-            out.append(_from_record(rec, tool, source))
+        key = (rec.get("pid"), rec.get("protocol"), rec.get("reason"), rec.get("rule"))
+        if key in seen:
+            seen[key]["count"] += 1
+        elif len(out) < MAX_RECORDS:
+            seen[key] = _from_record(rec, tool, source)
+            out.append(seen[key])
     for d in refusals:
         if (d.get("pid"), d.get("reason")) in audited or len(out) >= MAX_RECORDS:
             continue  # the audit record of the same refusal says more
+        rec = {"time": d.get("time"), "decision": "deny", "sandbox": sandbox,
+               **_trimmed(d), "rule": "supervisor"}
         out.append({"denied": f"{d.get('syscall', '?')} (pid {d.get('pid', '?')})",
                     "kind": "syscall", "reason": d.get("reason"), "decided_by": "supervisor",
-                    "allow_with": None, "record": _trimmed(d)})
+                    "allow_with": None, "record": rec})
     return out
 
 
@@ -46,7 +58,7 @@ def _from_record(rec: dict, tool: str, source: str) -> dict:
     protocol = rec.get("protocol")
     return {"denied": describe(rec), "kind": protocol or "syscall",
             "reason": rec.get("reason"), "decided_by": rec.get("rule"),
-            "allow_with": _fix(rec, tool, source), "record": _trimmed(rec)}
+            "allow_with": _fix(rec, tool, source), "count": 1, "record": _trimmed(rec)}
 
 
 def _fix(rec: dict, tool: str, source: str) -> dict | None:
@@ -97,15 +109,16 @@ def _bracket(address) -> str:
 
 
 def file_denial(action: str, path: str, reason: str, tool: str, source: str,
-                grant: str | None) -> dict:
-    """A file tool's refusal (a path outside the workspace) or Landlock's (EACCES inside
-    the tool's sandbox). `grant`: the filesystem key that would allow it, if any."""
+                grant: str | None, decided_by: str, sandbox: str | None = None) -> dict:
+    """A file tool's refusal (decided_by "workspace": a path leading out of it) or the
+    sandbox's ("landlock": EACCES inside). `grant`: the key that would allow it, if any."""
     from netpolicy.text import printable
     fix = {"policy": source, "tool": tool, "key": grant, "add": path} if grant else None
     return {"denied": f"{action} {printable(path)}", "kind": "file", "reason": reason,
-            "decided_by": "landlock" if grant else "workspace",
-            "allow_with": fix, "record": {"access": action, "path": path,
-                                          "decision": "deny", "reason": reason}}
+            "decided_by": decided_by,
+            "allow_with": fix,
+            "record": {"time": round(time.time(), 6), "decision": "deny", "sandbox": sandbox,
+                       "access": action, "path": path, "rule": decided_by, "reason": reason}}
 
 
 def summary(denials: list[dict]) -> str:

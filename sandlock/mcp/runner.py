@@ -39,6 +39,18 @@ class CallOutcome:
     refused: list = field(default_factory=list)    # (Change, why) never applied
 
 
+_live: set = set()          # the Processes of calls in progress (kill_all at shutdown)
+_live_lock = threading.Lock()
+
+
+def kill_all() -> None:
+    """End every sandbox of a call in progress (the server is shutting down)."""
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        proc.kill()
+
+
 class CallError(SandlockError):
     """The sandbox could not be started (bad policy for this call, missing command)."""
 
@@ -58,12 +70,19 @@ class Auditor:
             self._n += 1
             return os.path.join(self.dir, f"{tool}-{self._n}.jsonl")
 
-    def forward(self, path: str, allowed: bool, records: list[dict]) -> None:
+    def open(self, path: str, allowed: bool):
+        """The AuditLog at `path` (its directory made, 0700, if missing); OSError if it
+        cannot be opened."""
         from netpolicy.audit import AuditLog
         with self._lock:
             log = self._logs.get((path, allowed))
             if log is None:
+                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
                 log = self._logs[(path, allowed)] = AuditLog(path, allowed)
+            return log
+
+    def forward(self, path: str, allowed: bool, records: list[dict]) -> None:
+        log = self.open(path, allowed)
         for rec in records:
             log.record(**rec)
 
@@ -106,9 +125,10 @@ def run(fields: dict, argv: list[str], *, tool: str, source: str, auditor: Audit
         result, out, err, truncated, timed_out = finish(proc, input, timeout, max_output)
     finally:
         records = _read_records(call_log)
-    if wanted_log:
-        auditor.forward(wanted_log, allowed, records)
-    found = denials.collect(records, result.denials, tool, source)
+    found = denials.collect(records, result.denials, tool, source, fields.get("name"))
+    if wanted_log:  # the call's records, then the supervisor's other refusals
+        auditor.forward(wanted_log, allowed, records + [
+            d["record"] for d in found if d["decided_by"] == "supervisor"])
     return CallOutcome(exit_code=result.exit_code, success=result.success, stdout=out,
                        stderr=err, truncated=truncated, timed_out=timed_out,
                        error=result.error, denials=found, changes=list(result.changes),
@@ -119,12 +139,16 @@ def finish(proc, input: bytes | None, timeout: float, max_output: int = MAX_OUTP
     """Run a started Process to its end within `timeout` seconds: (Result, stdout, stderr,
     truncated, timed_out). The process is closed in every case."""
     deadline = time.monotonic() + timeout
+    with _live_lock:
+        _live.add(proc)
     try:
         out, err, truncated, timed_out = _communicate(proc, input, deadline, max_output)
         # Both pipes closed: the program may still run (it closed them); until the deadline.
         result = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         timed_out = timed_out or result.reason.name == "TIMEOUT"
     finally:
+        with _live_lock:
+            _live.discard(proc)
         proc.close()
     return result, out, err, truncated, timed_out
 

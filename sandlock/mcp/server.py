@@ -25,8 +25,11 @@ def build(toolbox: ToolBox, name: str = "sandlock"):
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx, params):
+        # abandon_on_cancel: a server shutting down does not wait for calls in progress
+        # (their sandboxes are then killed: runner.kill_all).
         reply: Reply = await anyio.to_thread.run_sync(
-            toolbox.call, params.name, params.arguments, limiter=limiter)
+            toolbox.call, params.name, params.arguments, limiter=limiter,
+            abandon_on_cancel=True)
         return types.CallToolResult(content=[types.TextContent(text=reply.text)],
                                     structured_content=reply.data, is_error=reply.is_error)
 

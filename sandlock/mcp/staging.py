@@ -129,7 +129,9 @@ class Staging:
 
     def discard(self) -> dict:
         self.make()
-        return {"ok": True, "discarded": True, "workspace": self.workspace}
+        return {"ok": True, "applied": False, "discarded": True, "workspace": self.workspace,
+                "changes": [], "refused": [], "conflicts": [], "skipped": [], "denials": [],
+                "notes": list(self.notes)}
 
     def _report(self, out: runner.CallOutcome, applied: bool) -> dict:
         try:
@@ -168,10 +170,11 @@ def _change(c) -> dict:
         if e is None:
             return None
         out = {"kind": e.kind, "mode": f"{e.mode:04o}", "size": e.size}
+        digest = e.digest
         if e.kind == "file":
-            out["sha256"] = e.digest
+            out["sha256"] = digest.hex() if isinstance(digest, bytes) else digest
         elif e.kind == "symlink":
-            out["target"] = e.digest
+            out["target"] = os.fsdecode(digest) if isinstance(digest, bytes) else digest
         return out
     return {"path": c.path, "action": c.action, "before": side(c.before),
             "after": side(c.after), "line": c.describe()}

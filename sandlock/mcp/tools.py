@@ -224,7 +224,20 @@ class ToolBox:
             if is_beneath(real, root):
                 return os.path.relpath(real, root) if real != root else "", None
             why = f"it resolves outside the workspace (through a symbolic link, to {real})"
-        return None, _denials.file_denial(action, rel, why, tool, policy.source, None)
+        return None, self._logged(tool, _denials.file_denial(
+            action, rel, why, tool, policy.source, None, "workspace", self._name(tool)))
+
+    def _name(self, tool: str) -> str:
+        return self.policies[tool].sandbox_fields(None)["name"]
+
+    def _logged(self, tool: str, denial: dict) -> dict:
+        """A denial decided here (not by the supervisor) goes to the policy's audit log
+        too."""
+        fields = self.policies[tool].fields
+        if fields.get("audit_log"):
+            self.auditor.forward(fields["audit_log"], bool(fields.get("audit_allowed")),
+                                 [denial["record"]])
+        return denial
 
     def _file_failure(self, tool: str, action: str, rel: str, out) -> Reply:
         """A file helper that failed: its JSON error, a Landlock denial when EACCES."""
@@ -241,15 +254,17 @@ class ToolBox:
             fix = None
             if ACCESS_ORDER[policy.access] < ACCESS_ORDER[need]:
                 fix = "workspace_access"
-            found.append(_denials.file_denial(
+            found.append(self._logged(tool, _denials.file_denial(
                 action, full, f"refused by the {tool} tool's sandbox (Landlock: its grants, "
-                f"filesystem.deny or the user-file protection)", tool, policy.source, fix))
+                f"filesystem.deny or the user-file protection)", tool, policy.source, fix,
+                "landlock", self._name(tool))))
             if fix:
                 found[-1]["allow_with"]["add"] = need
         elif code == "ELOOP":
-            found.append(_denials.file_denial(
+            found.append(self._logged(tool, _denials.file_denial(
                 action, rel, "a symbolic link on the way (the file tools never follow one "
-                "inside their sandbox)", tool, self.policies[tool].source, None))
+                "inside their sandbox)", tool, self.policies[tool].source, None, "workspace",
+                self._name(tool))))
         text = said.get("error") or out.error or out.stderr.decode(errors="replace")[-500:] \
             or f"exit status {out.exit_code}"
         data = {"tool": tool, "path": rel, "errno": code, "error": text, "denials": found}
@@ -361,7 +376,7 @@ class ToolBox:
         data.update({k: said[k] for k in ("text", "base64") if k in said})
         denied = bool(refused) and said["status"] == 403
         text = f"HTTP {said['status']} {said['reason']}\n"
-        text += said.get("text", f"(binary body: in structured content as base64)")
+        text += said.get("text", "(binary body: in structured content as base64)")
         if out.denials:
             text += "\n" + _denials.summary(out.denials)
         return Reply(text, data, is_error=denied)

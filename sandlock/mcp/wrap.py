@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: sandlock mcp-wrap [--policy FILE.yaml] [options of sandlock run] -- SERVER COMMAND...
+USAGE = """usage: sandlock mcp-wrap [--policy FILE.yaml] [run options] -- SERVER COMMAND...
 
 Run a stdio MCP server confined by a policy: the protocol passes through unchanged on
 stdin/stdout, stderr is the server's, its exit status is returned. Every option of
@@ -52,4 +52,25 @@ def main(argv: list[str]) -> int:
                  f"the protocol)")
             return EXIT_SANDLOCK
     args.clean_env = True
+    _audit_dir(args)
     return _run(args)
+
+
+def _audit_dir(args) -> None:
+    """The directory of the audit log is made (0700) if missing, as `net-run` does for its
+    own: a policy naming ~/.local/state/sandlock/x.jsonl works on a fresh machine."""
+    import os
+    from ..errors import SandlockError
+    path = args.audit
+    if path is None and args.policy:
+        from ..policy_file import load_policy
+        try:
+            path = load_policy(args.policy).fields.get("audit_log")
+        except SandlockError:
+            return  # reported, with everything else, when run() reads the policy
+    if path:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(os.path.expanduser(path))),
+                        mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # run() says why the log cannot be opened

@@ -78,7 +78,7 @@ def connect(req: Request, session):
         # The endpoint policy admits the destination; the HTTP filter judges each request
         # (netpolicy.http_proxy) and connects there itself once one is allowed.
         from netpolicy.http_proxy import http_proxy
-        ctx = net.http_context(req, session, dest)
+        ctx = net.http_context(req, session, dest, fd)
         return run_action(fd, True, lambda: _redirect(fd, domain, http_proxy(), ctx))
     if learns:
         # A plain allowed TCP connect: the C fast path may replay this verdict (fastpath.py)

@@ -9,6 +9,48 @@ import weakref
 from netpolicy.endpoint import canonical_address
 
 
+def _holders(session, pid: int, sock: int):
+    """A callable: the Identity (netpolicy.credentials.identify) of every process of the
+    sandbox that holds the connecting socket when it is called — asked again at each
+    request a program-bound credential could go on, so a socket handed on (SCM_RIGHTS,
+    inherited, kept across an exec) is judged by whoever holds it then. Code the sandbox
+    may write (its writable grants, workdir and layer storage, private TMPDIR) is not
+    the program's own."""
+    import os
+    try:
+        inode = os.fstat(sock).st_ino if sock >= 0 else None
+    except OSError:
+        inode = None
+    policy = session.policy
+    writable = list(policy.fs_writable)
+    ws = policy.workspace
+    if ws is not None:
+        writable += [ws.workdir, ws.storage]
+
+    def holders():
+        from netpolicy.credentials import identify
+
+        from ..process_tree import members
+        if inode is None:
+            return [identify(pid, writable)]
+        link = f"socket:[{inode}]"
+        found = []
+        for m in members(session.root) if session.root else [pid]:
+            try:
+                fds = os.listdir(f"/proc/{m}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{m}/fd/{fd}") == link:
+                        found.append(identify(m, writable))
+                        break
+                except OSError:
+                    continue
+        return found
+    return holders
+
+
 def _refresh(ref, stop: threading.Event, names, interval) -> None:
     """Re-resolve `names` as their TTLs run out, while the NetState lives."""
     while not stop.wait(max(1.0, interval * 0.8)):
@@ -158,7 +200,7 @@ class NetState:
         from netpolicy.dns_proxy import dns_proxy
         return dns_proxy()
 
-    def http_context(self, req, session, dest):
+    def http_context(self, req, session, dest, sock: int = -1):
         """What the HTTP filter needs to judge a connection redirected to it."""
         from netpolicy.http_proxy import HttpContext
         from .network import argv_of
@@ -168,19 +210,18 @@ class NetState:
             def record(**fields):
                 audit.record(syscall="connect", **fields)
         pins = self.pins
-        credentials = identity = None
+        credentials = holders = None
         if self.secrets is not None:
             credentials = self.secrets.credentials
-            if credentials.bound:  # the program, while it is stopped in this connect
-                from netpolicy.credentials import identify
-                identity = identify(req.pid)
+            if credentials.bound:
+                holders = _holders(session, req.pid, sock)
         return HttpContext(dest.address, dest.port, self.http,
                            pins.names_for if pins is not None else (lambda a: ()),
                            record, {"sandbox": session.name, "pid": req.pid,
                                     "argv": argv_of(req.pid)}, self.interceptor,
                            self.http_upgrades, self.http_slots,
                            pins.addresses_for if pins is not None else None,
-                           credentials, identity)
+                           credentials, holders)
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext
