@@ -31,6 +31,7 @@ SCHEMA = {
                 "gid": "gid", "clean_env": "clean_env", "no_coredump": "no_coredump",
                 "no_huge_pages": "no_huge_pages"},
     "filesystem": {"read": "fs_readable", "write": "fs_writable", "deny": "fs_denied",
+                   "read_write": None,
                    "chroot": "chroot", "mount": "fs_mount", "on_exit": "on_exit",
                    "on_error": "on_error"},
     "network": {"allow": "net_allow", "deny": "net_deny", "allow_bind": "net_allow_bind",
@@ -47,22 +48,23 @@ SCHEMA = {
                     "deterministic_dirs": "deterministic_dirs",
                     "no_randomize_memory": "no_randomize_memory"},
 }
-PATHS = {"fs_readable", "fs_writable", "fs_denied", "cwd", "http_ca", "http_key",
+PATHS = {"fs_readable", "fs_writable", "fs_denied", "cwd", "http_ca", "http_key", "read_write",
          "http_ca_out", "fs_storage", "workdir", "chroot"}
-LISTS = {"args", "fs_readable", "fs_writable", "fs_denied", "fs_mount", "net_allow",
+LISTS = {"args", "read_write", "fs_readable", "fs_writable", "fs_denied", "fs_mount", "net_allow",
          "net_deny", "net_allow_bind", "net_deny_bind", "http_ports", "http_allow",
          "http_deny", "extra_allow_syscalls", "extra_deny_syscalls", "gpu_devices",
          "cpu_cores"}
 
 
-def profiles_dir() -> str:
-    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(
-        os.environ.get("HOME") or "/tmp", ".config")
-    return os.path.join(config, "sandlock", "profiles")
+def profiles_dir():
+    """~/.config/sandlock/profiles (from $HOME, as upstream's CLI and SDK agree; not
+    $XDG_CONFIG_HOME), as a Path."""
+    from pathlib import Path
+    return Path(os.environ.get("HOME") or "/tmp") / ".config" / "sandlock" / "profiles"
 
 
 def list_profiles() -> list[str]:
-    d = profiles_dir()
+    d = str(profiles_dir())
     try:
         names = os.listdir(d)
     except OSError:
@@ -75,7 +77,7 @@ def list_profiles() -> list[str]:
 def profile_path(name: str) -> str:
     if not name or "/" in name or name.startswith("."):
         raise PolicyError(f"profile {name!r}: a name, not a path")
-    d = profiles_dir()
+    d = str(profiles_dir())
     for ext in (".toml", ".yaml", ".yml"):
         path = os.path.join(d, name + ext)
         if os.path.isfile(path):
@@ -113,7 +115,7 @@ def parse_toml(text: str, source: str = "<string>") -> tuple[dict, list[str]]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise PolicyError(f"{source}: not valid TOML ({e})") from None
+        raise PolicyError(f"{source}: TOML parse error: {e}") from None
     fields: dict = {}
     program: list[str] = []
     errors = []
@@ -121,17 +123,18 @@ def parse_toml(text: str, source: str = "<string>") -> tuple[dict, list[str]]:
         if section not in SCHEMA:
             where = _line(text, section, None)
             if not isinstance(body, dict):
-                errors.append(f"{source}:{where}: {section}: a key outside any section "
-                              f"(profiles are sectioned: {', '.join(f'[{s}]' for s in SCHEMA)})")
+                errors.append(f"{source}:{where}: unknown field `{section}`: a key outside "
+                              f"any section (profiles are sectioned: "
+                              f"{', '.join(f'[{s}]' for s in SCHEMA)})")
             else:
-                errors.append(f"{source}:{where}: [{section}]: unknown section (expected "
-                              f"one of {', '.join(SCHEMA)})")
+                errors.append(f"{source}:{where}: unknown field `{section}`: not a section "
+                              f"(expected one of {', '.join(SCHEMA)})")
             continue
         for key, value in body.items():
-            where = f"{source}:{_line(text, section, key)}: {section}.{key}"
+            where = f"{source}:{_line(text, section, key)}: [{section}].{key}"
             field = SCHEMA[section].get(key, "?")
             if field == "?":
-                errors.append(f"{where}: unknown key (expected one of "
+                errors.append(f"{where}: unknown field `{key}` (expected one of "
                               f"{', '.join(SCHEMA[section])})")
                 continue
             try:
@@ -143,8 +146,24 @@ def parse_toml(text: str, source: str = "<string>") -> tuple[dict, list[str]]:
                 program[:0] = [value]
             elif key == "args":
                 program += value
+            elif key == "read_write":
+                fields["fs_readable"] = fields.get("fs_readable", []) + value
+                fields["fs_writable"] = fields.get("fs_writable", []) + value
+            elif field in ("fs_readable", "fs_writable"):
+                fields[field] = value + fields.get(field, [])
+            elif field == "fs_mount":
+                try:
+                    rw, ro = _mounts(value)
+                except PolicyError as e:
+                    errors.append(f"{where}: {e}")
+                    continue
+                fields.update({k: v for k, v in (("fs_mount", rw), ("fs_mount_ro", ro)) if v})
             else:
                 fields[field] = value
+    prog_body = data.get("program", {})
+    if isinstance(prog_body, dict) and ("uid" in prog_body) != ("gid" in prog_body):
+        errors.append(f"{source}:{_line(text, 'program', 'uid' if 'uid' in prog_body else 'gid')}"
+                      f": program.uid and program.gid must both be set")
     if errors:
         raise PolicyError("\n".join(errors))
     prog = data.get("program", {})
@@ -154,18 +173,55 @@ def parse_toml(text: str, source: str = "<string>") -> tuple[dict, list[str]]:
     return fields, program
 
 
+def _mounts(specs) -> tuple[dict, dict]:
+    """["VIRTUAL:HOST[:ro|:rw]", ...] -> (read-write, read-only) {virtual: host}."""
+    rw, ro = {}, {}
+    for spec in specs:
+        body, read_only = spec, False
+        if spec.endswith(":ro"):
+            body, read_only = spec[:-3], True
+        elif spec.endswith(":rw"):
+            body = spec[:-3]
+        virt, colon, host = body.partition(":")
+        if not colon or not virt or not host:
+            raise PolicyError(f"invalid mount spec {spec!r}; expected \"VIRTUAL:HOST[:ro]\"")
+        if virt in rw or virt in ro:
+            raise PolicyError(f"{virt} is mounted more than once")
+        (ro if read_only else rw)[virt] = _expand(host)
+    return rw, ro
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 def _expand(path: str) -> str:
-    home = os.environ.get("HOME") or os.path.expanduser("~")
-    path = path.replace("${HOME}", home)
-    return os.path.expanduser(path)
+    """${VAR} from the environment (an unset one is an error) and a leading ~."""
+    def var(m):
+        value = os.environ.get(m[1])
+        if value is None:
+            raise PolicyError(f"${{{m[1]}}} is not set")
+        return value
+    return os.path.expanduser(_VAR.sub(var, path))
+
+
+BOOLS = {"clean_env", "no_coredump", "no_huge_pages", "port_remap", "deterministic_dirs",
+         "no_randomize_memory"}
+INTS = {"uid", "gid", "max_processes", "max_open_files", "max_cpu", "num_cpus",
+        "random_seed"}
 
 
 def _check(field: str, value):
+    if field in BOOLS and not isinstance(value, bool):
+        raise PolicyError(f"expected true or false, got {value!r}")
+    if field in INTS and (isinstance(value, bool) or not isinstance(value, int)):
+        raise PolicyError(f"expected an integer, got {value!r}")
     if field in LISTS:
         if not isinstance(value, list):
             raise PolicyError(f"expected a list, got {value!r}")
         if field in PATHS:
             value = [_expand(str(v)) for v in value]
+        if field == "net_allow_bind" and "*" in value and len(value) > 1:
+            raise PolicyError("the wildcard \"*\" allows every port: list no ports with it")
         return value
     if field in PATHS or field == "exec":
         if not isinstance(value, str):
@@ -182,7 +238,8 @@ def _check(field: str, value):
     if field in ("on_exit", "on_error"):
         if value not in ("commit", "abort", "keep"):
             raise PolicyError(f"expected \"commit\", \"abort\" or \"keep\", got {value!r}")
-        return value
+        from .sandbox import BranchAction
+        return BranchAction(value)
     return value
 
 
@@ -205,17 +262,48 @@ def _line(text: str, section: str, key: str | None) -> int:
 
 def load_profile(name: str):
     """The Sandbox a named profile describes (upstream: `sandlock.load_profile`)."""
+    return _sandbox(read_profile(name))
+
+
+def _sandbox(p: Profile):
     from .sandbox import Sandbox
-    p = read_profile(name)
+    fields = p.fields
     if p.system:  # a YAML policy with `filesystem.system` (its default)
         from .policy_file import merge_fields, system_fields
-        return Sandbox(**merge_fields(system_fields(), p.fields))
-    return Sandbox(**p.fields)
+        fields = merge_fields(system_fields(), p.fields)
+    try:
+        return Sandbox(**fields)
+    except PolicyError as e:
+        raise PolicyError(f"{p.path}: {e}") from None
 
 
 def policy_from_toml(text: str, source: str = "<string>"):
+    """The Sandbox a profile's text describes (upstream's name); errors name `source`."""
     from .sandbox import Sandbox
-    return Sandbox(**parse_toml(text, source)[0])
+    fields = parse_toml(text, source)[0]
+    try:
+        return Sandbox(**fields)
+    except PolicyError as e:
+        raise PolicyError(f"{source}: {e}") from None
+
+
+def load_profile_path(path):
+    """The Sandbox of the profile file at `path` (TOML, or a YAML policy)."""
+    return _sandbox(read_profile(os.fspath(path) if "/" in os.fspath(path)
+                                 else os.path.join(".", os.fspath(path))))
+
+
+def merge_cli_overrides(policy, overrides: dict):
+    """A new Sandbox: list fields of `overrides` appended to the profile's, the others
+    replacing them (upstream's)."""
+    import dataclasses
+    merged = {}
+    for key, value in overrides.items():
+        current = getattr(policy, key, None)
+        merged[key] = (list(current) + list(value)
+                       if isinstance(current, (list, tuple)) and isinstance(value, list)
+                       else value)
+    return dataclasses.replace(policy, **merged)
 
 
 # -- the other way: fields as a TOML profile (`sandlock inspect --toml`) -------------------

@@ -117,8 +117,12 @@ class Sandbox:
                                            compare=False)
     _tmp: Any = field(default=None, init=False, repr=False, compare=False)
     _run_policy: Any = field(default=None, init=False, repr=False, compare=False)
+    _user_handlers: Any = field(default=None, init=False, repr=False, compare=False)
+    _handler_bpf: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        for name in ("on_exit", "on_error"):  # "abort" -> BranchAction.ABORT, as upstream
+            object.__setattr__(self, name, _action(getattr(self, name), name))
         self._policy = self._validate()
 
     def __setattr__(self, name, value):
@@ -127,6 +131,8 @@ class Sandbox:
             return
         # A changed field: validate now (errors at the boundary), rebuild lazily. A rejected
         # value leaves the sandbox exactly as it was.
+        if name in ("on_exit", "on_error"):
+            value = _action(value, name)
         old = getattr(self, name)
         object.__setattr__(self, name, value)
         try:
@@ -182,9 +188,75 @@ class Sandbox:
                         object.__setattr__(self, "_tmp", tmp)
                         policy = replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
                     object.__setattr__(self, "_run_policy", policy)
-                    object.__setattr__(self, "_conf", _confinement.build(policy))
+                    conf = _confinement.build(policy)
+                    if self._user_handlers:
+                        self._route_to_handlers(conf)
+                    object.__setattr__(self, "_conf", conf)
                 conf = self._conf
         return conf
+
+    def _route_to_handlers(self, conf) -> None:
+        """The program's filter, with the calls of the handled syscalls that the policy
+        lets through sent to the supervisor (sandlock.bpf_program)."""
+        from .bpf_program import route_to_supervisor
+        if not conf.supervised:
+            conf.close()
+            raise PolicyError("custom handlers need the supervisor (seccomp user "
+                              "notification), which this kernel cannot run")
+        size = os.fstat(conf.bpf_fd).st_size
+        base = os.pread(conf.bpf_fd, size, 0)
+        routed = _confinement._sealed_memfd("sandlock-bpf", route_to_supervisor(
+            base, self._user_handlers))
+        os.close(conf.bpf_fd)
+        conf.bpf_fd = routed
+        object.__setattr__(self, "_handler_bpf", base)
+
+    def run_with_handlers(self, cmd: Sequence[str], handlers, timeout: float | None = None
+                          ) -> Result:
+        """Run `cmd` with custom syscall handlers (sandlock.handler): `handlers` is a
+        sequence of (syscall name or number, Handler). The policy decides first; see
+        sandlock.handler for what a handler may do."""
+        from . import _handler_ffi
+        from .handler import Handler
+        table: dict[int, list] = {}
+        for item in handlers:
+            try:
+                syscall, handler = item
+            except (TypeError, ValueError):
+                raise TypeError(f"handlers: expected (syscall, Handler) pairs, got "
+                                f"{item!r}") from None
+            nr = _resolve_syscall(syscall)
+            if not isinstance(handler, Handler) or not callable(getattr(handler, "handle",
+                                                                       None)):
+                raise _NotAHandler(f"handlers: {handler!r} is not a sandlock.handler."
+                                   f"Handler (it has no handle(ctx) method)")
+            table.setdefault(nr, []).append(handler)
+        keys = [_handler_ffi.register(h) for hs in table.values() for h in hs]
+        try:
+            if not table:
+                return self.run(cmd, timeout)
+            sb = dataclasses.replace(self)
+            object.__setattr__(sb, "_user_handlers", table)
+            object.__setattr__(sb, "_default_timeout", self._default_timeout)
+            try:
+                return sb.run(cmd, timeout)
+            finally:
+                sb._close()
+        finally:
+            _handler_ffi.release(keys)
+
+    def _close(self) -> None:
+        """Release what this Sandbox built for its runs (confinement, network state)."""
+        conf, net = self._conf, self._net
+        object.__setattr__(self, "_conf", None)
+        object.__setattr__(self, "_net", None)
+        if conf is not None:
+            conf.close()
+        if net is not None:
+            net.stop()
+        if self._tmp is not None:
+            self._tmp.close()
+            object.__setattr__(self, "_tmp", None)
 
     def _audit_log(self):
         """The AuditLog of this sandbox's policy (None without audit_log), opened once."""
@@ -250,6 +322,9 @@ class Sandbox:
         program as fds 9, 10, ... (a fan-in pipeline's inputs); `extra_env` adds to its
         environment."""
         argv = _argv(cmd)
+        if self.pending:
+            raise SandlockError("this sandbox holds a run's workdir changes (DEFER): "
+                                "commit() or abort() them before another run")
         conf = self._confinement()
         policy = self._run_policy  # with its private TMPDIR's root, if any
         net = self._net_state()
@@ -288,6 +363,9 @@ class Sandbox:
             runtime = Runtime(policy.policy_fn, policy.policy_fn_timeout,
                               policy.runtime_events, self._audit_log(), policy.name)
         session = Session(policy, policy.name, net, runtime)
+        if self._user_handlers:
+            from .supervisor.user_handlers import UserHandlers
+            session.user_handlers = UserHandlers(self._user_handlers, self._handler_bpf)
         if policy.limits is not None and policy.limits.processes:
             from .supervisor.forks import ForkBudget
             session.forks = ForkBudget(policy.limits.processes)
@@ -464,6 +542,8 @@ class Sandbox:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.pending:  # an undecided branch is never published
+            self.abort()
         life = getattr(self, "_lifecycle", None)
         if life is not None:
             proc = life[0]
@@ -498,6 +578,17 @@ class Sandbox:
     def abort(self) -> None:
         """Discard the changes of this sandbox's last run held back by DEFER."""
         self._held("abort").abort()
+
+    @property
+    def pending(self) -> bool:
+        """A run's workdir changes are held (BranchAction.DEFER) until commit()/abort()."""
+        workspace = getattr(self, "_last_workspace", None)
+        return workspace is not None and workspace.pending
+
+    @property
+    def upper_dir(self) -> str | None:
+        """Where the held changes are (the layer's upper tree), while pending."""
+        return self._last_workspace.layer.upper if self.pending else None
 
     def _held(self, what: str) -> "_Workspace":
         workspace = getattr(self, "_last_workspace", None)
@@ -775,11 +866,32 @@ class _Workspace:
             result.error = f"{result.error}; {self.error}" if result.error else self.error
 
 
+class _NotAHandler(TypeError, AttributeError):
+    """A handlers entry that is no Handler: a TypeError, and the AttributeError upstream
+    raises for it (its handle/on_exception are missing)."""
+
+
+def _resolve_syscall(value) -> int:
+    """A syscall name or number -> its number on this architecture (ValueError/TypeError
+    naming what was given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"a syscall is a name or a number, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"syscall number {value} is negative")
+        return value
+    from .syscall_filter import syscall_number
+    try:
+        return syscall_number(value)
+    except ValueError:
+        raise ValueError(f"unknown syscall {value!r}") from None
+
+
 def _action(value, field_name: str) -> BranchAction:
     if isinstance(value, BranchAction):
         return value
     try:
-        return BranchAction(str(value).lower())
+        return BranchAction(value)
     except ValueError:
         raise PolicyError(f"{field_name}: expected one of commit, abort, keep, defer, got "
                           f"{value!r}") from None

@@ -18,12 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    """XDG config and runtime directories of our own."""
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    """A HOME (profiles live in ~/.config/sandlock/profiles) and a runtime directory of
+    our own."""
+    monkeypatch.setenv("HOME", str(tmp_path))
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    d = tmp_path / "config" / "sandlock" / "profiles"
+    d = tmp_path / ".config" / "sandlock" / "profiles"
     d.mkdir(parents=True)
     return d
 
@@ -38,7 +39,7 @@ def _cli(*args, **kw):
 WEB = """\
 [program]
 exec = "/bin/sh"
-args = ["-c", "echo $GREETING; echo x > ${HOME}/out 2>/dev/null || echo no-write"]
+args = ["-c", "echo $GREETING; echo x > /usr/out 2>/dev/null || echo no-write"]
 env = { GREETING = "hello" }
 
 [filesystem]
@@ -80,9 +81,9 @@ def test_profile_errors_name_the_file_and_line(home):
         load_profile("bad")
     text = str(e.value)
     path = home / "bad.toml"
-    assert f"{path}:1: name: a key outside any section" in text
-    assert f"{path}:4: filesystem.wrte: unknown key" in text
-    assert f"{path}:5: [gpu]: unknown section" in text
+    assert f"{path}:1: unknown field `name`: a key outside any section" in text
+    assert f"{path}:4: [filesystem].wrte: unknown field `wrte`" in text
+    assert f"{path}:5: unknown field `gpu`: not a section" in text
     with pytest.raises(PolicyError, match="max_memory"):  # the Sandbox's own check
         (home / "mem.toml").write_text('[limits]\nmemory = "lots"\n')
         load_profile("mem")
@@ -92,7 +93,7 @@ def test_profile_errors_name_the_file_and_line(home):
     with pytest.raises(PolicyError, match="profile not found"):
         load_profile("nope")
     r = _cli("run", "-p", "bad", "--", "true")
-    assert r.returncode == 125 and "bad.toml:4: filesystem.wrte" in r.stderr
+    assert r.returncode == 125 and "bad.toml:4: [filesystem].wrte" in r.stderr
 
 
 def _wait_for(pred, timeout=10.0):

@@ -87,6 +87,8 @@ def main(argv) -> None:
             ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                           dir_fd=fd)
             st = os.fstat(ffd)
+            if stat.S_ISDIR(st.st_mode):
+                raise OSError(errno.EISDIR, "a directory (list_files lists it)")
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file")
             data = b""

@@ -121,7 +121,7 @@ def _serve(a) -> int:
                             "(mcp>=2)") from None
     import anyio
     auditor = runner.Auditor()
-    staging = None
+    staging = sock = None
     try:
         for tool, policy in policies.items():  # opened now: a bad path stops the start
             path = policy.fields.get("audit_log")
@@ -139,17 +139,28 @@ def _serve(a) -> int:
             staging.make()
         toolbox = ToolBox(workspace, policies, auditor, staging)
         mcp_server = server.build(toolbox)
+        if a.transport == "http":
+            try:
+                sock = server.listen(a.host, a.port)
+            except OSError as e:
+                raise SandlockError(f"--host {a.host} --port {a.port}: {e.strerror}") from None
+            host = f"[{a.host}]" if ":" in a.host and not a.host.startswith("[") else a.host
+            _say(f"listening on http://{host}:{sock.getsockname()[1]}/mcp")
         signal.signal(signal.SIGTERM, _interrupt)
         try:
-            if a.transport == "http":
-                def ready(port):
-                    _say(f"listening on http://{a.host}:{port}/mcp")
-                anyio.run(server.serve_http, mcp_server, a.host, a.port, ready)
+            if sock is not None:
+                anyio.run(server.serve_http, mcp_server, sock, a.host)
             else:
                 anyio.run(server.serve_stdio, mcp_server)
         except KeyboardInterrupt:
             pass
+        except BaseExceptionGroup as group:  # an interrupt inside a task group
+            rest = group.subgroup(lambda e: not isinstance(e, KeyboardInterrupt))
+            if rest is not None:
+                raise rest from None
     finally:
+        if sock is not None:
+            sock.close()
         runner.kill_all()  # calls still running end now, not at their timeout
         if staging is not None:
             with staging.lock:  # no commit is cut short (bounded by its timeout)

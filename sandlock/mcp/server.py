@@ -62,27 +62,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-async def serve_http(server, host: str, port: int, on_ready=None) -> None:
-    """Streamable HTTP at http://HOST:PORT/mcp. On a loopback address the SDK's DNS
-    rebinding protection is on (a web page cannot reach it through a name of its own)."""
+def listen(host: str, port: int):
+    """The HTTP socket, bound now: a port in use is an error before anything serves, and
+    with port 0 the port chosen is known."""
+    import socket
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_http(server, sock, host: str) -> None:
+    """Streamable HTTP at http://HOST:PORT/mcp on the bound socket `sock`. On a loopback
+    address the SDK's DNS rebinding protection is on (a web page cannot reach it through
+    a name of its own)."""
     import uvicorn
     app = server.streamable_http_app(host=host if is_loopback(host) else "0.0.0.0")
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            lifespan="on", timeout_graceful_shutdown=5)
-    web = uvicorn.Server(config)
-    if on_ready is not None:
-        import anyio
-
-        async def announce():
-            for _ in range(500):  # bounded: 10 s for the socket to be listening
-                if web.started:
-                    sockets = [s for srv in web.servers for s in srv.sockets]
-                    on_ready(sockets[0].getsockname()[1] if sockets else port)
-                    return
-                await anyio.sleep(0.02)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(announce)
-            await web.serve()
-            tg.cancel_scope.cancel()
-    else:
-        await web.serve()
+    config = uvicorn.Config(app, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=5)
+    await uvicorn.Server(config).serve(sockets=[sock])

@@ -146,7 +146,8 @@ class _Section:
                 if sk.value == "cwd":
                     errors.append(f"{_where(self.path, sk, full + '.cwd')}: not in a tool's "
                                   f"policy (tools run in the workspace)")
-                elif sk.value == "clean_env" and sv.value not in ("true", "True", "yes"):
+                elif sk.value == "clean_env" and isinstance(sv, yaml.ScalarNode) and \
+                        yaml.safe_load(yaml.serialize(sv)) is not True:
                     errors.append(f"{_where(self.path, sv, full + '.clean_env')}: tools "
                                   f"always start with a clean environment (name variables "
                                   f"in process.env)")
@@ -157,8 +158,11 @@ class _Section:
             errors.append(str(e))
         if self.prefix:  # name the section: "f.yaml:7: network.alow" -> "tools.x.network.alow"
             for i in range(before, len(errors)):
-                head, sep, rest = errors[i].partition(": ")
-                errors[i] = f"{head}{sep}{self.prefix}{rest}" if sep else errors[i]
+                lines = []
+                for line in errors[i].split("\n"):
+                    head, sep, rest = line.partition(": ")
+                    lines.append(f"{head}{sep}{self.prefix}{rest}" if sep else line)
+                errors[i] = "\n".join(lines)
 
 
 def _load_file(path: str, out: dict[str, ToolPolicy]) -> None:
@@ -275,3 +279,38 @@ def _apply(policy: ToolPolicy, section: _Section, source: str) -> None:
     if section.access is not None:
         policy.access = section.access
     policy.source = source
+
+
+# --- `sandlock policy check` of a per-tool file --------------------------------------------
+
+def is_tool_policy(path: str) -> bool:
+    """Whether `path` is a per-tool policy file (a `tools:` mapping at its top): what
+    `sandlock policy check` hands to `report` instead of reading it as one policy."""
+    import yaml
+    try:
+        root = _compose(path)
+    except PolicyError:
+        return False
+    return any(isinstance(k, yaml.ScalarNode) and k.value == "tools" for k, _ in root.value)
+
+
+def report(path: str) -> list[str]:
+    """Lines for `sandlock policy check FILE` of a per-tool file: every error (PolicyError,
+    as `load` raises it), or each tool's effective grants beyond the system directories,
+    built as `sandlock mcp` builds them (the workspace shown as WORKSPACE)."""
+    from ..sandbox import Sandbox
+    policies = load(path, None)
+    lines = [f"{path}: valid (version 1) — per-tool policies for `sandlock mcp`"]
+    for tool, policy in policies.items():
+        try:
+            sb = Sandbox(**policy.sandbox_fields(None))
+        except PolicyError as e:
+            raise PolicyError(f"{path}: tools.{tool}: {e}") from None
+        p = sb.policy
+        net = [r.spec for r in p.endpoints.allow if r.spec not in METADATA] or ["(none)"]
+        http = [r.spec for r in p.http.allow] if p.http else []
+        lines.append(f"  {tool:11} workspace {policy.access}; network {', '.join(net)}"
+                     + (f"; http {', '.join(http)}" if http else "")
+                     + f"; timeout {policy.timeout:g}s"
+                     + (f"; audit {p.audit_log}" if p.audit_log else ""))
+    return lines

@@ -277,10 +277,10 @@ class ToolBox:
             return _denied("read_file", args["path"], denial)
         limit = min(args.get("max_bytes") or (1 << 20), MAX_FILE)
         out = self._helper("read_file", "_fileops.py", ["read", rel, str(limit)],
-                           max_output=4 * limit // 3 + 65536)
+                           max_output=_json_room(limit))
         if not out.success:
             return self._file_failure("read_file", "read", rel, out)
-        said = json.loads(out.stdout)
+        said = _said("read_file", out)
         data = {"tool": "read_file", "path": args["path"], "size": said["size"],
                 "truncated": said["truncated"], "denials": out.denials}
         if "text" in said:
@@ -323,10 +323,10 @@ class ToolBox:
         if denial is not None:
             return _denied("list_files", args.get("path") or ".", denial)
         out = self._helper("list_files", "_fileops.py", ["list", rel, str(MAX_ENTRIES)],
-                           max_output=8 << 20)
+                           max_output=_json_room(MAX_ENTRIES * 512))
         if not out.success:
             return self._file_failure("list_files", "list", rel or ".", out)
-        said = json.loads(out.stdout)
+        said = _said("list_files", out)
         lines = [f"{e['kind']:<7} {e['size']:>10}  {e['name']}" for e in said["entries"]]
         if said["truncated"]:
             lines.append(f"[only the first {MAX_ENTRIES} entries]")
@@ -354,7 +354,7 @@ class ToolBox:
         out = self._helper("web_fetch", "_fetch.py",
                            [url, method, str(limit), str(max(1.0, policy.timeout - 1)),
                             json.dumps(headers)],
-                           input=body or None, max_output=4 * limit // 3 + (1 << 20))
+                           input=body or None, max_output=_json_room(limit))
         try:
             said = json.loads(out.stdout or b"{}")
         except ValueError:
@@ -404,6 +404,23 @@ class ToolBox:
 
 
 ACCESS_ORDER = {"none": 0, "read": 1, "write": 2}
+
+
+def _json_room(limit: int) -> int:
+    """Room for a helper's JSON answer carrying `limit` bytes (escapes take up to 6)."""
+    return 6 * limit + (1 << 20)
+
+
+def _said(tool: str, out) -> dict:
+    """A helper's JSON answer; CallError when there is none (never a bare ValueError)."""
+    try:
+        said = json.loads(out.stdout)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        raise runner.CallError(f"{tool}: its helper gave no answer"
+                               + (" (output over the limit)" if out.truncated else ""))
+    return said
 
 
 def _error(text: str) -> Reply:

@@ -178,6 +178,7 @@ class Session:
         self.overlay = False    # ... holding an overlay-backend workspace
         self.protection = None  # supervisor.guard.Protection: the user's files kept
         self.forks = None       # supervisor.forks.ForkBudget under max_processes
+        self.user_handlers = None  # supervisor.user_handlers.UserHandlers (custom handlers)
         self.cow_max_disk = None
         self.fast = False       # the C fast path answers some of its connects (fastpath.py)
         self.denials: list[dict] = []
@@ -380,6 +381,10 @@ class Supervisor:
             session.record_denial(req, name, errno.EPERM, refusal)
             self._send(req, session, ("error", errno.EPERM))
             return
+        if session.user_handlers is not None and req.nr in session.user_handlers:
+            fields = (notif.flags, notif.data.arch, notif.data.instruction_pointer)
+            self._submit(req, session, self._run_user, req, session, name, handler, fields)
+            return
         if session.runtime is not None and name in HELD:
             self._submit(req, session, self._run_held, req, session, name, handler)
             return
@@ -514,11 +519,37 @@ class Supervisor:
         result = self._complete(req, session, name, run)
         if isinstance(result, Frozen):
             self._run_frozen(req, session, name, result)
+        elif isinstance(result, Reissue):
+            self._reissue(req, session, result)
         elif isinstance(result, Defer):
             self._submit(req, session, self._finish_deferred, req, session, name, result.fn,
                          guard=result.guard, pool=result.pool)
         else:
             self._send(req, session, result)
+
+    def _run_user(self, req, session, name, handler, fields) -> None:
+        """A call with custom handlers (supervisor.user_handlers), on this worker: theirs
+        first; then, if they all continue, the policy's own handling, as without them."""
+        from . import user_handlers
+
+        def decide():
+            decided = user_handlers.decide(session, req, fields)
+            if decided is not CONTINUE:
+                return user_handlers.outcome(session, req, decided)
+            return None
+        result = self._complete(req, session, f"handler:{name}", decide)
+        if result is user_handlers.HOLD:
+            req.close()
+            return
+        if result is not None:
+            self._send(req, session, result)
+            return
+        sends = self._complete(req, session, name,
+                               lambda: user_handlers.policy_sends(session, req, fields))
+        if sends is True:
+            self._run_held(req, session, name, handler)
+        else:  # the kernel performs it (or an error replaying the filter refuses it)
+            self._send(req, session, CONTINUE if sends is False else sends)
 
     def _run_frozen(self, req, session, name, frozen: Frozen) -> None:
         """Freeze the sandbox, decide with frozen.body() and answer from inside the freeze
