@@ -329,7 +329,7 @@ def _pipe(tokens: list[str]) -> int:
             sb, stage_timeout = _sandbox_from_args(args, cmd=cmd)
             timeout = timeout if timeout is not None else stage_timeout
             stages.append(sb.cmd(cmd))
-        result = Pipeline(stages).run(stdout=1, stdin=0, timeout=timeout)
+        result = Pipeline(stages, single=True).run(stdout=1, stdin=0, timeout=timeout)
     except SandlockError as e:
         _say(f"error: {e}")
         return EXIT_SANDLOCK

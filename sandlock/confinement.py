@@ -258,7 +258,9 @@ def build(policy: Policy) -> Confinement:
                                         and policy.workspace.backend == "overlay",
                                         guard=guard, unix_pairs_only=unix_pairs_only,
                                         listen=listen,
-                                        count_forks=bool(lim and lim.processes),
+                                        # a policy_fn may lower max_processes later
+                                        count_forks=bool(lim and lim.processes)
+                                        or policy.policy_fn is not None,
                                         pin_cpus=bool(lim and lim.cores))
     workspace = policy.workspace is not None
     overlay = workspace and policy.workspace.backend == "overlay"

@@ -180,13 +180,18 @@ def costs(f: KernelFeatures) -> list[tuple[str, str]]:
     return out
 
 
-def check(allow_degraded: bool, waived=frozenset()) -> list[str]:
+def check(allow_degraded, waived=frozenset()) -> list[str]:
     """Raise KernelFeatureError unless the kernel has everything (but the protections
-    `waived`) or degrading is allowed; returns the list of degradations accepted."""
+    `waived`) or degrading is allowed (True: anything; a set of Protection: those);
+    returns the list of degradations accepted."""
     from .errors import KernelFeatureError, LandlockUnavailableError
     f = detect()
     lost = degradations(f, waived)
-    if lost and not allow_degraded:
+    if isinstance(allow_degraded, frozenset):
+        unaccepted = degradations(f, frozenset(waived) | allow_degraded)
+    else:
+        unaccepted = [] if allow_degraded else lost
+    if unaccepted:
         error = LandlockUnavailableError if f.landlock_abi < FULL_LANDLOCK_ABI else \
             KernelFeatureError
         raise error(

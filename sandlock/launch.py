@@ -35,7 +35,7 @@ STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
 _FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF, _FD_PROTECT, _FD_CONTROL = 3, 4, 5, 6, 7, 8
-_FD_PASSED, MAX_PASSED = 9, 64  # fds the program gets as they are (sandlock-exec.c)
+_FD_PASSED, MAX_PASSED = 9, 64  # fds the program gets at 3, 4, ... (sandlock-exec.c)
 SETUP_TIMEOUT = 10.0
 
 
@@ -108,7 +108,7 @@ def _file_actions(placements: list[tuple[int, int]]) -> list[tuple]:
 def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
                  cwd: str | None, overlay=None, passed: int = 0) -> list:
     """`overlay`: (lower, upper, work) of an overlay-backend workspace, or None; `passed`:
-    how many fds from _FD_PASSED on the program gets."""
+    how many fds from _FD_PASSED on the program gets (as 3, 4, ...)."""
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
              | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0)

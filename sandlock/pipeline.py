@@ -5,8 +5,8 @@ deadline every stage's process group is killed.
 Fan-in (upstream's gather): `a.cmd(...).as_("code") + b.cmd(...).as_("data") | c.cmd(...)`
 runs the producers side by side, each under its own policy, and hands each one's output
 to the consumer on a pipe of its own; the consumer reads them by name
-(`from sandlock import inputs; inputs["code"]`, sandlock._inputs). The last producer is
-also the consumer's stdin."""
+(`from sandlock import inputs; inputs["code"]`, sandlock._inputs), or on fds 3, 4, ... in
+order (a shell: `cat <&3`). The last producer is the consumer's stdin."""
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ class Stage:
         return self.argv
 
     def __or__(self, other) -> "Pipeline":
-        return Pipeline([self]) | other
+        if isinstance(other, Stage):
+            return Pipeline([self, other])
+        if isinstance(other, Pipeline):
+            return Pipeline([self, *other.stages])
+        return NotImplemented
 
     def as_(self, name: str) -> "NamedStage":
         """This stage's output, named for a fan-in consumer."""
@@ -85,7 +89,7 @@ class GatherPipeline:
                 procs.append(stage.sandbox.popen(stage.argv, stdin=StdioMode.NULL, stdout=w,
                                                  stderr=StdioMode.PIPED))
             passed = [r for r, _ in pipes[:-1]]
-            mapping = [f"{name}:{9 + i}" for i, (name, _) in enumerate(self.sources[:-1])]
+            mapping = [f"{name}:{3 + i}" for i, (name, _) in enumerate(self.sources[:-1])]
             mapping.append(f"{self.sources[-1][0]}:0")
             c = self.consumer
             procs.append(c.sandbox.popen(c.argv, stdin=pipes[-1][0], stdout=StdioMode.PIPED,
@@ -104,8 +108,11 @@ class GatherPipeline:
 
 
 class Pipeline:
-    def __init__(self, stages):
+    def __init__(self, stages, *, single: bool = False):
         self.stages = list(stages)
+        if len(self.stages) < (1 if single else 2):
+            raise ValueError("a Pipeline needs at least 2 stages (run a single Stage with "
+                             "its run())")
 
     def __or__(self, other) -> "Pipeline":
         if isinstance(other, Stage):

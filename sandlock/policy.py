@@ -114,7 +114,7 @@ class Policy:
     cwd: str | None
     max_open_files: int | None
     no_coredump: bool
-    allow_degraded: bool
+    allow_degraded: object           # bool, or a frozenset of features.Protection
     name: str | None
     http: object = None              # netpolicy HttpPolicy, or None without HTTP rules
     http_ports: frozenset = frozenset()  # TCP ports whose connections the HTTP filter sees
@@ -177,7 +177,33 @@ def _paths(field: str, values, must_exist: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def parse_waived(values) -> frozenset:
+def _name(value):
+    """A sandbox's name: shown in `sandlock ps`, logs and errors (upstream's limits)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise PolicyError(f"name: expected a string, got {value!r}")
+    if not value:
+        raise PolicyError("name: must not be empty")
+    if "\0" in value:
+        raise PolicyError("name: must not contain NUL")
+    if len(value.encode()) > 64:
+        raise PolicyError("name: at most 64 bytes")
+    return value
+
+
+def _allow_degraded(value):
+    """True/False, or the protections that may be missing on this kernel (upstream's
+    list form: each still applies where the kernel has it)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise PolicyError(f"allow_degraded: expected true, false or a list of protections, "
+                          f"got {value!r}")
+    return parse_waived(value, "allow_degraded") if value else False
+
+
+def parse_waived(values, field: str = "disable") -> frozenset:
     """disable=[Protection.X, ...] (or their names, or their numbers)."""
     from .features import Protection
     if values is None:
@@ -192,7 +218,7 @@ def parse_waived(values) -> frozenset:
             else:
                 out.add(Protection(v))
         except (KeyError, ValueError):
-            raise PolicyError(f"disable: {v!r} is not a protection (one of "
+            raise PolicyError(f"{field}: {v!r} is not a protection (one of "
                               f"{', '.join(p.name for p in Protection)})") from None
     return frozenset(out)
 
@@ -597,8 +623,8 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         cwd=cwd,
         max_open_files=max_open_files,
         no_coredump=bool(fields.get("no_coredump")),
-        allow_degraded=bool(fields.get("allow_degraded")),
-        name=fields.get("name"),
+        allow_degraded=_allow_degraded(fields.get("allow_degraded")),
+        name=_name(fields.get("name")),
         http=http, http_ports=http_ports, intercept=intercept, http_raw=http_raw,
         http_upgrades=frozenset(upgrades), credentials=credentials,
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,

@@ -242,7 +242,8 @@ class Process:
         self._close_stdin()
         if self._status is None and not self._exited(timeout):
             self.time_out()
-        return self._finish(b"", b"")
+        self._finish(b"", b"")
+        return self._result  # the same object at every call
 
     def wait_code(self, timeout: float | None = None) -> int:
         """Wait for exit; returns the exit code (negative signal number if signalled).

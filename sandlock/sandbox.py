@@ -100,8 +100,8 @@ class Sandbox:
     fs_mount: Any = None
     fs_mount_ro: Any = None
     no_coredump: bool = False
-    allow_degraded: bool = False
-    disable: Sequence[Any] | None = None
+    allow_degraded: Any = ()   # True: any protection may be missing; or [Protection, ...]
+    disable: Sequence[Any] = ()
     keep_capabilities: Sequence[str] | None = None
     name: str | None = None
     policy_fn: Callable | None = None
@@ -319,7 +319,7 @@ class Sandbox:
               extra_env: Mapping[str, str] | None = None) -> "Process":
         """Start `cmd` confined and return at once. With `hold`, the program is confined
         and its pid known, but it execs only at Process.start(). `pass_fds` reach the
-        program as fds 9, 10, ... (a fan-in pipeline's inputs); `extra_env` adds to its
+        program as fds 3, 4, ... (a fan-in pipeline's inputs); `extra_env` adds to its
         environment."""
         argv = _argv(cmd)
         if self.pending:
@@ -366,9 +366,17 @@ class Sandbox:
         if self._user_handlers:
             from .supervisor.user_handlers import UserHandlers
             session.user_handlers = UserHandlers(self._user_handlers, self._handler_bpf)
-        if policy.limits is not None and policy.limits.processes:
-            from .supervisor.forks import ForkBudget
-            session.forks = ForkBudget(policy.limits.processes)
+        if (policy.limits is not None and policy.limits.processes) or runtime is not None:
+            from .supervisor.forks import ForkBudget, UNLIMITED
+            session.forks = ForkBudget(policy.limits.processes if policy.limits is not None
+                                       and policy.limits.processes else UNLIMITED)
+        early: dict = {}
+        if runtime is not None:
+            # The program's own exec is an event too, before this returns: a restriction
+            # then applies at once (forks, and RLIMIT_DATA of the processes there are),
+            # the rest of it once the Process exists (below).
+            runtime.on_limits = lambda memory=None, processes=None: _early_limits(
+                session, early, memory, processes)
         workspace = _Workspace.start(policy, self.on_exit, self.on_error, session)
         session.overlay = workspace is not None and workspace.overlay is not None
         session.own_mounts = session.overlay or conf.protect_fd >= 0
@@ -412,6 +420,8 @@ class Sandbox:
             object.__setattr__(self, "_last_workspace", workspace)  # commit()/abort()
         if runtime is not None:
             runtime.on_limits = proc._lower_limits
+            if early.get("memory"):
+                proc._lower_limits(memory=early["memory"])
         if tmpdir is not None:
             proc._cleanup.append(lambda tmp=self._tmp: tmp.end_run(tmpdir))
         from . import registry  # `sandlock ps` / `inspect` / `kill`
@@ -462,14 +472,15 @@ class Sandbox:
         proc = self.popen(cmd, stdin=StdioMode.NULL, stdout=StdioMode.PIPED,
                           stderr=StdioMode.PIPED, hold=True)
         object.__setattr__(self, "_lifecycle", [proc, None, None])
+        _settled(proc.pid)
 
     def start(self) -> None:
         """Let a create()d process exec; its output is read from now on (a program that
         writes a lot never stalls waiting for wait())."""
         life = getattr(self, "_lifecycle", None)
         if life is None or life[1] is not None:
-            raise SandlockError("nothing to start: create(cmd) first" if life is None else
-                                "already started")
+            raise SandlockError("the process has not been created: create(cmd) first"
+                                if life is None else "already started")
         proc = life[0]
         proc.start()
         outcome: list = []
@@ -864,6 +875,38 @@ class _Workspace:
             result.kept = self.layer.root
         if self.error:
             result.error = f"{result.error}; {self.error}" if result.error else self.error
+
+
+def _settled(pid: int, limit: float = 0.5) -> None:
+    """Until the held program waits for its start (asleep), at most `limit` seconds: what
+    create() hands back is a parked process, as upstream's."""
+    import time
+    from ._kernel import procstat
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        try:
+            if procstat.fields(procstat.read(f"/proc/{pid}/stat"))[procstat.STATE] != b"R":
+                return
+        except (OSError, ValueError):
+            return
+        time.sleep(0.001)
+
+
+def _early_limits(session, early: dict, memory, processes) -> None:
+    """A policy_fn's restrict_max_* before its Process exists (Process._lower_limits)."""
+    if processes is not None:
+        session.forks.lower(processes)
+    if memory is not None:
+        early["memory"] = min(memory, early.get("memory") or memory)
+        import resource
+        from .process_tree import members
+        for pid in members(session.root) if session.root else ():
+            try:  # lower only
+                soft, hard = resource.prlimit(pid, resource.RLIMIT_DATA)
+                if hard == resource.RLIM_INFINITY or hard > early["memory"]:
+                    resource.prlimit(pid, resource.RLIMIT_DATA, (early["memory"],) * 2)
+            except OSError:
+                pass
 
 
 class _NotAHandler(TypeError, AttributeError):

@@ -102,3 +102,12 @@ def test_fan_in_timeout_bounds_every_stage():
     assert time.monotonic() - start < 10
     assert r.reason == ExitReason.TIMEOUT and not r.success
     assert r.stages[0].reason == ExitReason.TIMEOUT
+
+
+def test_fan_in_a_shell_consumer_reads_fds_3_and_on():
+    a = sandbox().cmd(["echo", "first"]).as_("a")
+    b = sandbox().cmd(["echo", "second"]).as_("b")
+    c = sandbox().cmd(["echo", "last"]).as_("c")
+    r = (a + b + c | sandbox().cmd(["/bin/sh", "-c", "cat <&3; cat <&4; cat; "
+                                    "echo x >&5 2>/dev/null || echo no-5"])).run(timeout=30)
+    assert r.stdout.decode().split() == ["first", "second", "last", "no-5"], r.stderr

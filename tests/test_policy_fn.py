@@ -811,3 +811,33 @@ def test_many_execs_at_once_all_run():
                    timeout=60)
         assert (r.stdout, r.stderr) == (b"done\n", b""), r.stderr[-500:]
         assert len(seen) == 40
+
+
+def test_limits_lowered_at_the_programs_own_exec():
+    """restrict_max_processes / restrict_max_memory called on the first execve event (the
+    program's own exec, before Sandbox.popen returned) apply to that program: they once
+    failed the exec instead (EPERM). No static max_processes is needed to lower it."""
+    fork_once = ("import os\nprint('STARTED', flush=True)\ntry:\n    pid = os.fork()\n"
+                 "    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0); print('FORK_OK')\n"
+                 "except OSError as e: print('FORK_DENIED', e.errno)\n")
+    alloc = ("b = bytearray(128 << 20)\nb[::4096] = b'\\x01' * (len(b) // 4096)\n"
+             "print('ALLOC_OK')\n")
+
+    def lower(kind):
+        def fn(event, ctx):
+            if event.syscall in ("execve", "execveat"):
+                if kind == "processes":
+                    ctx.restrict_max_processes(1)
+                else:
+                    ctx.restrict_max_memory(64 << 20)
+            return 0
+        return fn
+    r = sandbox(policy_fn=lower("processes")).run([PY, "-c", fork_once], timeout=30)
+    assert r.success and r.stdout.split() == [b"STARTED", b"FORK_DENIED", b"11"], r
+    r = sandbox(policy_fn=lambda e, c: 0).run([PY, "-c", fork_once], timeout=30)
+    assert r.stdout.split() == [b"STARTED", b"FORK_OK"]            # the control
+    r = sandbox(max_memory="256M", policy_fn=lower("memory")).run([PY, "-c", alloc],
+                                                                   timeout=30)
+    assert b"ALLOC_OK" not in r.stdout and not r.success, r
+    r = sandbox(max_memory="256M").run([PY, "-c", alloc], timeout=30)
+    assert r.stdout == b"ALLOC_OK\n", r                             # the control

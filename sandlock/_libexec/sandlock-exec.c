@@ -14,7 +14,8 @@
  *     'e' an empty file of mode 0 (hidden files are covered by it), 'h' a path to hide,
  *     'r' a path to make read-only
  *   8 the control socket of the sandbox's root (sandlock-init.c), -1 in none
- *   9.. (FLAGS >> 8 of them) fds the program gets as they are (a fan-in pipeline's inputs)
+ *   9.. (FLAGS >> 8 of them) fds the program gets, at 3, 4, ... once everything else is
+ *     closed (a fan-in pipeline's inputs, where upstream puts them)
  *
  * Two processes: this one forks at once. The parent stays outside the sandbox as its root
  * (sandlock-init.c: the subreaper that keeps, limits and finally ends the process tree);
@@ -81,6 +82,7 @@ enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, S
 enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7, FD_CONTROL = 8,
        FD_PASSED = 9, MAX_PASSED = 64 };
 static int passed; /* fds FD_PASSED.. kept for the program (FLAGS >> 8) */
+static int status_fd = FD_STATUS; /* moved above the passed fds just before the exec */
 enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16 };
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
@@ -99,7 +101,7 @@ static void report(int step, int value) {
     int32_t rec[2] = {step, value};
     ssize_t n;
     do {
-        n = write(FD_STATUS, rec, sizeof rec);
+        n = write(status_fd, rec, sizeof rec);
     } while (n < 0 && errno == EINTR);
 }
 
@@ -481,6 +483,21 @@ int main(int argc, char **argv) {
     close(FD_BPF);
     if (fcntl(FD_STATUS, F_SETFD, FD_CLOEXEC) < 0)
         fail(ST_CLOEXEC, errno);
+    if (passed > 0) {
+        /* The status channel moves above everything; the passed fds go to 3, 4, ...
+         * (ascending: a target at or above FD_PASSED was moved already). */
+        int moved = fcntl(FD_STATUS, F_DUPFD_CLOEXEC, FD_PASSED + passed);
+        if (moved < 0)
+            fail(ST_CLOEXEC, errno);
+        close(FD_STATUS);
+        status_fd = moved;
+        for (int i = 0; i < passed; i++)
+            if (dup2(FD_PASSED + i, FD_STATUS + i) < 0)
+                fail(ST_CLOEXEC, errno);
+        for (int fd = FD_STATUS + passed; fd < FD_PASSED + passed; fd++)
+            if (fd >= FD_PASSED)
+                close(fd);
+    }
 
     execve(argv[12], &argv[13], environ);
     int err = errno;

@@ -30,6 +30,9 @@ FORK_CALLS = {56, 57, 58}  # clone, fork, vfork (x86-64): /proc/TID/syscall whil
 RECOUNT = 0.05  # seconds a count of the tree is trusted (while far from the limit)
 
 
+UNLIMITED = 1 << 30  # a budget no tree reaches (until a policy_fn lowers it)
+
+
 class ForkBudget:
     """The count is kept cheap: the tree is walked at most every RECOUNT seconds while the
     live processes at the last walk plus every fork let through since stay below the limit
