@@ -185,7 +185,7 @@ def _read_fd(name: str, fd: int) -> bytes:
         dup = os.dup(fd)
     except OSError as e:
         raise SandlockError(f"credential {name}: fd:{fd}: {e.strerror}") from None
-    with os.fdopen(dup, "rb", buffering=0) as f:
+    with os.fdopen(dup, "rb", buffering=0):  # closes the duplicate
         if fd == 0:
             try:
                 os.lseek(dup, 0, os.SEEK_CUR)

@@ -5,3 +5,5 @@ from .errors import (BranchConflictError, BranchError, ChildError,  # noqa: F401
                      ConfinementError, ForkError, KernelFeatureError,
                      LandlockUnavailableError, MemoryProtectError, NotifError, PolicyError,
                      SandboxError, SandlockError, SeccompError)
+
+__all__ = ["BranchConflictError", "BranchError", "ChildError", "ConfinementError", "ForkError", "KernelFeatureError", "LandlockUnavailableError", "MemoryProtectError", "NotifError", "PolicyError", "SandboxError", "SandlockError", "SeccompError"]
