@@ -236,6 +236,12 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
                         "The store is $SANDLOCK_CERTS_DIR, else ~/.local/share/sandlock/certs; "
                         "its private key is never readable inside a sandbox.")
         certs.add_argument("action", choices=("init", "path", "export"))
+    if only is None:  # listed for --help and completion; `sandlock mcp ...` goes to
+        # sandlock.mcp.cli before this parser (its options are its own)
+        sub.add_parser("mcp", help="an MCP server whose tools run each call in a sandbox "
+                                   "(sandlock mcp --help)", add_help=False)
+        sub.add_parser("mcp-wrap", help="run a third-party stdio MCP server confined by a "
+                                        "policy (sandlock mcp-wrap --help)", add_help=False)
     if wanted("profile"):
         prof = sub.add_parser("profile", help="named profiles (~/.config/sandlock/profiles)")
         prof_sub = prof.add_subparsers(dest="profile_command", required=True,

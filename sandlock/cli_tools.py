@@ -25,6 +25,14 @@ def policy_check(a) -> int:
     from .errors import SandlockError
     from .policy_file import load_policy, merge_fields, system_fields
     from .sandbox import Sandbox
+    from .mcp.toolpolicy import is_tool_policy, report  # an MCP server's per-tool policy
+    if is_tool_policy(a.file):
+        try:
+            print("\n".join(report(a.file)))
+        except SandlockError as e:
+            _say(f"error: {e}")
+            return EXIT_SANDLOCK
+        return 0
     try:
         loaded = load_policy(a.file)
         sb = Sandbox(**merge_fields(system_fields() if loaded.system else {}, loaded.fields))
