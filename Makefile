@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml scripts/setup-system
 	# The [mcp] extra, on its own: mcp 2 needs h11>=0.16 and mitmproxy 11 (Python 3.11) pins
 	# h11<=0.14, which pip cannot resolve in one install; installed after, pip warns about the
 	# pin and both work (the suite runs on h11 0.16; the HTTP filter frames strictly itself).
-	$(BIN)/pip install -q 'mcp>=2' 2>&1 | grep -v "dependency resolver\|mitmproxy .* requires h11\|h11 0.16.0 which is incompatible" || true
+	$(BIN)/pip install -q 'mcp>=2' 2>$(VENV)/mcp-install.log || { cat $(VENV)/mcp-install.log; exit 1; }
 	touch $@
 
 helper: $(HELPER) $(FORKLOOP) $(FASTCONNECT)
