@@ -116,6 +116,7 @@ def _flag_fields(a) -> dict:
         "credentials": credentials or None, "credential_env": credential_env or None,
         "http_auth": a.http_auth or None,
         "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,
+        "explain": a.explain or None,
         "extra_deny_syscalls": a.extra_deny_syscall,
         "extra_allow_syscalls": a.extra_allow_syscall,
         "keep_capabilities": a.keep_cap or None, "env": env or None,

@@ -175,6 +175,7 @@ class HandlerCtx:
     instruction_pointer: int
     args: tuple
     _mem_handle: object = None
+    _request: object = None  # the supervisor's Request (sandlock's own handlers use it)
 
     def _pid(self) -> int | None:
         cell = self._mem_handle

@@ -132,6 +132,7 @@ class Policy:
     protect_mode: str = ""           # "mounts" or "landlock" (sandlock.protect)
     limits: object = None            # sandlock.limits.Limits
     waived: frozenset = frozenset()  # features.Protection given up explicitly (disable=)
+    explain: bool = False            # record refused file accesses (supervisor.explain)
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -175,6 +176,12 @@ def _paths(field: str, values, must_exist: bool) -> tuple[str, ...]:
             raise PolicyError(f"{field}: {p} does not exist")
         out.append(real)
     return tuple(dict.fromkeys(out))
+
+
+def _flag(value, field: str) -> bool:
+    if value not in (None, True, False):
+        raise PolicyError(f"{field}: expected true or false, got {value!r}")
+    return bool(value)
 
 
 def _name(value):
@@ -634,6 +641,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         protection=protection, protect_mode=protect_mode,
         limits=parse_limits(fields),
         waived=parse_waived(fields.get("disable")),
+        explain=_flag(fields.get("explain"), "explain"),
     )
 
 

@@ -100,6 +100,7 @@ class Sandbox:
     fs_mount: Any = None
     fs_mount_ro: Any = None
     no_coredump: bool = False
+    explain: bool = False      # record the file accesses the policy refuses (supervisor)
     allow_degraded: Any = ()   # True: any protection may be missing; or [Protection, ...]
     disable: Sequence[Any] = ()
     keep_capabilities: Sequence[str] | None = None
@@ -189,7 +190,7 @@ class Sandbox:
                         policy = replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
                     object.__setattr__(self, "_run_policy", policy)
                     conf = _confinement.build(policy)
-                    if self._user_handlers:
+                    if self._user_handlers or policy.explain:
                         self._route_to_handlers(conf)
                     object.__setattr__(self, "_conf", conf)
                 conf = self._conf
@@ -201,12 +202,17 @@ class Sandbox:
         from .bpf_program import route_to_supervisor
         if not conf.supervised:
             conf.close()
-            raise PolicyError("custom handlers need the supervisor (seccomp user "
-                              "notification), which this kernel cannot run")
+            raise PolicyError("custom handlers and explain need the supervisor (seccomp "
+                              "user notification), which this kernel cannot run")
         size = os.fstat(conf.bpf_fd).st_size
         base = os.pread(conf.bpf_fd, size, 0)
+        numbers = set(self._user_handlers or ())
+        if self._policy.explain:
+            from .supervisor.explain import CALLS
+            from .syscall_filter import syscall_number
+            numbers |= {syscall_number(n) for n in CALLS}
         routed = _confinement._sealed_memfd("sandlock-bpf", route_to_supervisor(
-            base, self._user_handlers))
+            base, numbers))
         os.close(conf.bpf_fd)
         conf.bpf_fd = routed
         object.__setattr__(self, "_handler_bpf", base)
@@ -363,9 +369,17 @@ class Sandbox:
             runtime = Runtime(policy.policy_fn, policy.policy_fn_timeout,
                               policy.runtime_events, self._audit_log(), policy.name)
         session = Session(policy, policy.name, net, runtime)
-        if self._user_handlers:
+        if self._user_handlers or policy.explain:
             from .supervisor.user_handlers import UserHandlers
-            session.user_handlers = UserHandlers(self._user_handlers, self._handler_bpf)
+            table = {nr: list(hs) for nr, hs in (self._user_handlers or {}).items()}
+            if policy.explain:  # first: it records, and always continues
+                from .supervisor.explain import CALLS, Explainer, handler_for
+                from .syscall_filter import syscall_number
+                explainer = Explainer(session, self._audit_log())
+                for name in CALLS:
+                    table.setdefault(syscall_number(name), []).insert(
+                        0, handler_for(explainer, name))
+            session.user_handlers = UserHandlers(table, self._handler_bpf)
         if (policy.limits is not None and policy.limits.processes) or runtime is not None:
             from .supervisor.forks import ForkBudget, UNLIMITED
             session.forks = ForkBudget(policy.limits.processes if policy.limits is not None

@@ -35,7 +35,7 @@ def _files(tmp_path):
     return str(tmp_path / "a.txt"), str(tmp_path / "b.txt")
 
 
-OPEN_BOTH = ("import sys\nfor p in sys.argv[1:]:\n    try:\n        print(open(p).read())\n"
+OPEN_BOTH = ("import sys\nfor p in sys.argv[1:]:\n    try:\n        print(open(p).read(), flush=True)\n"
              "    except OSError as e:\n        print('err', e.errno)\n")
 
 

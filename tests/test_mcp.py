@@ -176,6 +176,12 @@ def test_shell_runs_in_the_workspace_and_its_network_denial_comes_back(server, t
     r = server.call("shell", {"command": "cat ../outside/secret.txt"})
     assert r.is_error and "OUTSIDE-SECRET" not in _data(r)["stdout"]
     assert "Permission denied" in _data(r)["stderr"]
+    # ... and the refusal comes back as a denial too (explain), with the grant to add
+    (denial,) = [d for d in _data(r)["denials"] if d["kind"] == "file"]
+    secret = str((tree / "outside" / "secret.txt").resolve())
+    assert denial["denied"] == f"read {secret}" and denial["decided_by"] == "default:fs"
+    assert denial["allow_with"]["key"] == "filesystem.read"
+    assert denial["allow_with"]["add"] == secret
 
 
 def test_web_fetch_allowed_url_and_refused_url(server, tree, web):

@@ -53,7 +53,8 @@ UNPRIVILEGED = " ".join(f"tests/{name}" for name in (
     "test_caps.py", "test_errors.py", "test_examples.py", "test_fs.py", "test_hardening.py",
     "test_limits.py", "test_metadata.py", "test_net_scopes.py", "test_net_supervisor.py",
     "test_policy_fn.py", "test_process.py", "test_setid.py", "test_syscalls.py",
-    "test_terminal.py", "test_upstream_api.py", "test_user_files.py",
+    "test_terminal.py", "test_upstream_api.py", "test_user_files.py", "test_explain.py",
+    "test_handlers.py",
     "test_user_files_attacks.py", "test_workflows.py",
     "test_cli_polish.py::test_the_demo_removes_what_it_created"))
 DESELECTED = " and ".join(f"not {name}" for name in (

@@ -100,6 +100,14 @@ def _fix(rec: dict, tool: str, source: str) -> dict | None:
                 "add": spec if protocol == "tcp" else f"udp://{spec}"}
     if protocol == "unix":
         return {**where, "key": "network.unix", "add": rec.get("path")}
+    if protocol == "file" and isinstance(rec.get("suggest"), dict):  # explain=True
+        s = rec["suggest"]
+        flag, _, target = str(s.get("flag", "")).partition(" ")
+        out = {**where, "key": "filesystem.write" if flag == "-w" else "filesystem.read",
+               "add": target}
+        if s.get("warning"):
+            out["note"] = s["warning"]
+        return out
     return None
 
 

@@ -60,7 +60,8 @@ class ToolPolicy:
         from ..policy_file import merge_fields, system_fields
         base = dict(system_fields()) if self.system else {}
         base.update(clean_env=True, private_tmp=True, protect_user_files=True,
-                    net_deny=list(METADATA))  # also: every connect is judged and audited
+                    net_deny=list(METADATA),  # also: every connect is judged and audited
+                    explain=True)  # file refusals come back as denials too
         if workspace is not None and self.access != "none":
             key = "fs_writable" if self.access == "write" else "fs_readable"
             base = merge_fields(base, {key: [workspace]})

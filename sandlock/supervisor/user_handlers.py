@@ -46,7 +46,8 @@ def decide(session, req, notif_fields: tuple):
     flags, arch, ip = notif_fields
     for handler in session.user_handlers.handlers[req.nr]:
         cell = _MemHandle(req.pid)
-        ctx = HandlerCtx(req.id, req.pid, flags, req.nr, arch, ip, tuple(req.args), cell)
+        ctx = HandlerCtx(req.id, req.pid, flags, req.nr, arch, ip, tuple(req.args), cell,
+                         req)
         try:
             action = handler.handle(ctx)
             if hasattr(action, "__await__"):  # async def handle: run to completion here
