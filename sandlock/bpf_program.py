@@ -80,9 +80,15 @@ def seccomp_data(nr: int, arch: int, ip: int, args) -> bytes:
     return struct.pack("=iIQ6Q", nr, arch, ip, *args)
 
 
-def evaluate(program: bytes, data: bytes) -> int:
-    """The action `program` returns for `data` (struct seccomp_data)."""
-    insns = _decode(program)
+def decode(program: bytes) -> list:
+    """The program as instructions: decode once, evaluate() many times."""
+    return _decode(program)
+
+
+def evaluate(program, data: bytes) -> int:
+    """The action `program` (bytes, or decode()'s list) returns for `data` (struct
+    seccomp_data)."""
+    insns = _decode(program) if isinstance(program, (bytes, bytearray)) else program
     a = x = 0
     mem = [0] * 16
     pc = 0

@@ -274,6 +274,8 @@ def _run(a, net_run: bool = False) -> int:
         proc.close()
     if net_run:
         _net_run_summary(sb)
+    else:
+        _denials_hint(sb, proc)
     if proc.workspace is not None:
         _workspace_summary(proc.workspace, a.dry_run)
     return status
@@ -298,7 +300,23 @@ def _net_run_summary(sb) -> None:
     audit = sb.audit
     denied = audit.denied if audit is not None else 0
     where = f"; audit log: {audit.path}" if audit is not None else ""
-    _say(f"{denied} network request(s) denied{where}")
+    hint = f" (`sandlock why {audit.path}` says what would allow each)" if denied else ""
+    _say(f"{denied} network request(s) denied{where}{hint}")
+
+
+def _denials_hint(sb, proc) -> None:
+    """After `run`: where the run's denials are explained (net-run says it itself)."""
+    audit = sb.audit
+    if audit is not None and audit.denied:
+        _say(f"{audit.denied} denied: `sandlock why {audit.path}` says what would allow each")
+        return
+    from .why import explain
+    files = explain(d for d in proc.denials if d.get("protocol") == "file")
+    for e in files[:5]:  # --explain without --audit: the few first, here
+        fix = e.get("fix")
+        _say(f"denied {e['denied']}" + (f" (allow with {fix['flag']})" if fix else ""))
+    if len(files) > 5:
+        _say(f"... {len(files) - 5} more: pass --audit FILE and run `sandlock why FILE`")
 
 
 def _pipe(tokens: list[str]) -> int:
@@ -356,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cli_parser import build
     first = argv[0] if argv else None
     known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace",
-             "completion", "ps", "inspect", "kill", "profile")
+             "completion", "ps", "inspect", "kill", "profile", "why")
     parser = build(first if first in known else None)
     args, extras = parser.parse_known_args(argv)
     if extras:  # told under the usage of the subcommand in use, with the closest option
@@ -369,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             "certs": cli_tools.certs, "workspace": cli_tools.workspace,
             "completion": cli_tools.completion, "check": cli_tools.check,
             "ps": cli_tools.ps, "inspect": cli_tools.inspect,
-            "kill": cli_tools.kill, "profile": cli_tools.profile}[args.command](args)
+            "kill": cli_tools.kill, "profile": cli_tools.profile,
+            "why": cli_tools.why}[args.command](args)
 
 
 if __name__ == "__main__":

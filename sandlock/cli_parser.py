@@ -225,6 +225,19 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
                            help="how many entries each summary table shows")
         audit.add_argument("--summary", action="store_true",
                            help="only the totals, not one line per denial")
+    if wanted("why"):
+        why = sub.add_parser("why", help="explain the denials of an audit log and what "
+                                         "would allow each",
+                             description="For each distinct denial: what was refused, the "
+                                         "rule or default that decided, and the smallest "
+                                         "change that would allow it, as a flag and as "
+                                         "YAML. Default log: net-run's.")
+        why.add_argument("file", nargs="?", metavar="AUDIT",
+                         help="the audit log (default: "
+                              "~/.local/state/sandlock/net-run-audit.jsonl)")
+        why.add_argument("--json", action="store_true", help="one JSON object per denial")
+        why.add_argument("--last", type=int, metavar="N",
+                         help="only the last N records of the log")
     if wanted("workspace"):
         ws = sub.add_parser("workspace", help="a copy-on-write layer left by --on-exit keep "
                                               "(or by a crash during a commit)")

@@ -239,7 +239,8 @@ def inspect(a) -> int:
         print(to_toml(e["policy"]), end="")
     else:
         import yaml
-        print(f"# {e['name']}: pid {e['pid']}, started by pid {e['supervisor']}")
+        from netpolicy.text import printable
+        print(f"# {printable(e['name'])}: pid {e['pid']}, started by pid {e['supervisor']}")
         print(yaml.safe_dump(e["policy"], sort_keys=True, default_flow_style=False), end="")
     return 0
 
@@ -286,4 +287,38 @@ def profile(a) -> int:
     else:
         with open(prof.path) as f:
             print(f.read(), end="")
+    return 0
+
+
+def why(a) -> int:
+    import json
+
+    from .cli import _default_audit_path
+    from .why import explain, render
+    path = a.file or _default_audit_path()
+    records = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    _say(f"warning: {path}:{n}: not a JSON record, skipped")
+                    continue
+                if isinstance(rec, dict):
+                    records.append(rec)
+    except OSError as e:
+        _say(f"error: {path}: {e.strerror}")
+        return EXIT_SANDLOCK
+    if a.last:
+        records = records[-a.last:]
+    entries = explain(records)
+    if a.json:
+        for e in entries:
+            print(json.dumps(e, default=str))
+    else:
+        print(render(entries))
     return 0

@@ -13,9 +13,11 @@ What a handler can and cannot do (sandlock/supervisor/user_handlers.py enforces 
   caller's memory *then*: what `read`/`read_path` returned may have changed since (another
   thread can rewrite it). Decide on it only to refuse; a decision to allow that rests on a
   pointer argument is unsafe unless the task cannot be raced (upstream's caveat).
-- Handlers run on the supervisor's worker threads, possibly several at once, never on its
-  notification loop: a slow handler delays only its own caller. `async def handle` is run
-  to completion there too.
+- Handlers run on worker threads of their own (at most 256 at once across all sandboxes,
+  32 per sandbox), possibly several at once, never on the notification loop: a slow
+  handler delays its caller, and past 32 blocked calls, that sandbox's other calls that
+  need a worker; never another sandbox's on-behalf calls. `async def handle` is run to
+  completion there too.
 - A handler that raises, or returns anything but a NotifAction, gets its `on_exception`
   policy: KILL (default: the sandbox is killed), DENY_EPERM, DENY_EIO or CONTINUE.
 """
@@ -23,7 +25,7 @@ What a handler can and cannot do (sandlock/supervisor/user_handlers.py enforces 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 
 class _ActionKind(enum.IntEnum):  # upstream's SANDLOCK_ACTION_* values
@@ -47,6 +49,7 @@ class NotifAction:
     newfd_flags: int = 0
     sig: int = 0
     pgid: int = 0
+    _owned: bool = field(default=False, repr=False, compare=False)  # our memfd (inject_bytes)
 
     @classmethod
     def continue_(cls) -> "NotifAction":
@@ -72,8 +75,9 @@ class NotifAction:
 
     @classmethod
     def inject_fd_send(cls, srcfd: int, newfd_flags: int = 0) -> "NotifAction":
-        """The call returns a new fd in the caller, a copy of our `srcfd`, which the
-        supervisor then owns (closes) whatever happens."""
+        """The call returns a new fd in the caller, a copy of `srcfd`. Unlike upstream,
+        `srcfd` stays the handler's: a duplicate is sent, and the handler closes its own
+        when it no longer needs it (one fd may answer many calls)."""
         if not isinstance(srcfd, int) or isinstance(srcfd, bool) or srcfd < 0:
             raise ValueError(f"inject_fd_send: srcfd must be a non-negative int, got "
                              f"{srcfd!r}")
@@ -97,7 +101,7 @@ class NotifAction:
         except OSError:
             os.close(fd)
             raise
-        return cls.inject_fd_send(fd, os.O_CLOEXEC if cloexec else 0)
+        return replace(cls.inject_fd_send(fd, os.O_CLOEXEC if cloexec else 0), _owned=True)
 
 
 class ExceptionPolicy(enum.IntEnum):
@@ -181,6 +185,15 @@ class HandlerCtx:
         cell = self._mem_handle
         return cell.ptr if cell is not None and cell.live else None
 
+    def _still_caller(self) -> bool:
+        """The notification is still pending: `pid` is still the caller, not a reused
+        pid (checked after a read, before a write)."""
+        req = self._request
+        if req is None:
+            return True
+        from ._kernel import seccomp
+        return seccomp.notif_id_valid(req.listener, req.id)
+
     def read(self, addr: int, length: int) -> bytes | None:
         pid = self._pid()
         if pid is None or addr == 0 or length < 0:
@@ -190,7 +203,7 @@ class HandlerCtx:
             data = memory.read_memory(pid, addr, length)
         except OSError:
             return None
-        return data if len(data) == length else None
+        return data if len(data) == length and self._still_caller() else None
 
     def read_cstr(self, addr: int, max_len: int) -> str | None:
         """The NUL-terminated string at `addr` (at most max_len bytes with its NUL), or
@@ -203,7 +216,7 @@ class HandlerCtx:
             raw = memory.read_cstring(pid, addr, max_len)
         except OSError:
             return None
-        return raw.decode("utf-8", "surrogateescape")
+        return raw.decode("utf-8", "surrogateescape") if self._still_caller() else None
 
     def write(self, addr: int, data: bytes) -> bool:
         """Write into the caller's memory (what it reads after the call returns)."""
@@ -211,6 +224,8 @@ class HandlerCtx:
         if pid is None or addr == 0:
             return False
         from ._kernel import memory
+        if not self._still_caller():
+            return False
         try:
             memory.write_memory(pid, addr, data)
             return True

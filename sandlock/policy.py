@@ -615,7 +615,9 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         raise PolicyError("http_upgrades: set without http_allow or http_deny rules")
     return Policy(
         endpoints=endpoints, unix_allow=unix_allow, tcp_by_landlock=tcp_by_landlock,
-        net_supervised="network" in runtime_events or not (
+        # With an audit log every connect is judged by the supervisor, so that a refusal
+        # is recorded (Landlock's own TCP refusals leave no trace).
+        net_supervised="network" in runtime_events or bool(audit_log) or not (
             tcp_by_landlock and "*" in unix_allow and not udp and "icmp" not in protocols),
         udp=udp, icmp="icmp" in protocols, dns_servers=dns_servers,
         audit_log=os.path.abspath(audit_log) if audit_log else None,

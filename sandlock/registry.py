@@ -3,9 +3,12 @@
 
 Each running sandbox has one file, `<root pid>.json`, in a directory only its user can
 reach: `$XDG_RUNTIME_DIR/sandlock/running` (a tmpfs that ends with the session), else
-`/tmp/sandlock-<uid>/running`. The directory must be ours and 0700; anything else is
-refused, not used (another user could otherwise plant entries, and `kill` would signal
-what they name).
+`~/.local/state/sandlock/running`. The directory must be ours and 0700; anything else is
+refused, not used (another user could otherwise plant entries). A sandbox of the same
+user may still be able to write there: so an entry is believed only if its root is a
+live sandlock trampoline, child of the recorded supervisor, both with their recorded
+start times (`genuine`); `kill` checks again on a pidfd. Entries hold the policy's
+fields but no environment values (names only).
 
 An entry names the sandbox's root process (sandlock-init, which ends the whole tree when
 it is signalled) by pid *and* start time, so a pid reused by an unrelated process never
@@ -30,8 +33,11 @@ def directory(create: bool = True) -> str | None:
     uid = os.geteuid()
     if base and os.path.isabs(base) and _ours(base, uid, strict=False):
         root = os.path.join(base, "sandlock")
-    else:
-        root = f"/tmp/sandlock-{uid}"
+    else:  # not /tmp, which sandboxes are often given to write
+        state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+            os.environ.get("HOME") or f"/tmp/sandlock-{uid}", ".local", "state")
+        os.makedirs(state, mode=0o700, exist_ok=True)
+        root = os.path.join(state, "sandlock")
     path = os.path.join(root, "running")
     for d in (root, path):
         try:
@@ -79,7 +85,8 @@ def register(root: int, pid: int, name: str | None, argv, cwd: str | None,
         return None
     entry = {"name": name or f"sandbox-{pid}", "root": root, "pid": pid,
              "start_time": began, "pid_start_time": start_time(pid),
-             "supervisor": os.getpid(), "started": time.time(),
+             "supervisor": os.getpid(), "supervisor_start_time": start_time(os.getpid()),
+             "started": time.time(),
              "argv": list(argv), "cwd": cwd or os.getcwd(), "policy": fields}
     path = os.path.join(d, f"{root}.json")
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -105,8 +112,39 @@ def unregister(path: str | None) -> None:
             pass
 
 
+_TYPES = {"name": str, "root": int, "pid": int, "start_time": int, "supervisor": int,
+          "supervisor_start_time": int, "started": (int, float), "argv": list, "cwd": str,
+          "policy": dict}
+
+
+def _valid(entry) -> bool:
+    return isinstance(entry, dict) and all(
+        isinstance(entry.get(k), t) and not isinstance(entry.get(k), bool)
+        for k, t in _TYPES.items()) and entry["name"].isprintable()
+
+
+def genuine(entry: dict) -> bool:
+    """The entry names a live sandbox root: the process at `root` (with its recorded start
+    time) runs sandlock's trampoline and is the child of the recorded supervisor (with its
+    start time). A sandbox able to write the registry cannot point it elsewhere: any other
+    process fails this."""
+    from .launch import HELPER
+    root, supervisor = entry["root"], entry["supervisor"]
+    if start_time(root) != entry["start_time"] or \
+            start_time(supervisor) != entry["supervisor_start_time"]:
+        return False
+    try:
+        from ._kernel import procstat
+        ppid = int(procstat.fields(procstat.read(f"/proc/{root}/stat"))[procstat.PPID])
+        exe, helper = os.stat(f"/proc/{root}/exe"), os.stat(HELPER)
+    except (OSError, ValueError, IndexError):
+        return False
+    return ppid == supervisor and (exe.st_dev, exe.st_ino) == (helper.st_dev, helper.st_ino)
+
+
 def entries() -> list[dict]:
-    """The live sandboxes of this user, oldest first. Files of ended ones are removed."""
+    """The live sandboxes of this user, oldest first. Files of ended ones, and files that
+    do not describe a live sandbox root (genuine), are removed."""
     d = directory(create=False)
     if d is None or not os.path.isdir(d):
         return []
@@ -118,10 +156,9 @@ def entries() -> list[dict]:
         try:
             with open(path) as f:
                 entry = json.load(f)
-            root, began = int(entry["root"]), int(entry["start_time"])
-        except (OSError, ValueError, KeyError, TypeError):
-            entry, root, began = None, -1, -1
-        if entry is None or start_time(root) != began:
+        except (OSError, ValueError):
+            entry = None
+        if not _valid(entry) or not genuine(entry):
             unregister(path)
             continue
         entry["path"] = path
@@ -147,6 +184,13 @@ def kill(entry: dict, sig: int = signal.SIGTERM) -> None:
     except ProcessLookupError:
         return
     try:
+        if not genuine(entry):
+            return  # not (or no longer) a sandbox root
+        if sig == signal.SIGKILL:  # the main process: a child of that root
+            from ._kernel import procstat
+            ppid = int(procstat.fields(procstat.read(f"/proc/{pid}/stat"))[procstat.PPID])
+            if ppid != entry["root"]:
+                return
         if began is None or start_time(pid) != began:
             return  # gone, and the pid is another process's now
         signal.pidfd_send_signal(pidfd, sig)

@@ -455,6 +455,8 @@ class Sandbox:
             if value is None or value is False or value == f.default or (
                     isinstance(value, (list, tuple, dict)) and not value):
                 continue
+            if f.name == "env":  # values may be secrets: another sandbox may read this
+                value = {k: "..." for k in value}
             out[f.name] = (f"<{getattr(value, '__qualname__', type(value).__name__)}>"
                            if callable(value) else value)
         return out

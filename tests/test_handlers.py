@@ -152,3 +152,29 @@ def test_bad_registrations_are_refused_up_front():
     with pytest.raises(TypeError):
         sb.run_with_handlers(["/bin/true"], [("openat", object())])
     assert sb.run_with_handlers(["/bin/true"], []).success
+
+
+def test_an_injected_fd_stays_the_handlers(tmp_path):
+    """inject_fd_send sends a duplicate: the handler's fd stays open and can answer again
+    (found by review: it was closed after the first answer, and a later answer with that
+    number sent whatever the host process had opened since)."""
+    src = tmp_path / "served.txt"
+    src.write_text("served\n")
+
+    class Serve(Handler):
+        def __init__(self):
+            self.fd = os.open(src, os.O_RDONLY)
+
+        def handle(self, ctx):
+            if ctx.read_path() == "/virtual/file":
+                os.lseek(self.fd, 0, os.SEEK_SET)
+                return NotifAction.inject_fd_send(self.fd)
+            return NotifAction.continue_()
+    h = Serve()
+    try:
+        code = "for _ in range(3):\n    print(open('/virtual/file').read(), end='')\n"
+        r = sandbox().run_with_handlers([PY, "-c", code], [("openat", h)], timeout=30)
+        assert r.stdout == b"served\n" * 3, r.stderr
+        os.fstat(h.fd)  # still open, still the handler's
+    finally:
+        os.close(h.fd)

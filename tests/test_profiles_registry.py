@@ -163,3 +163,36 @@ def test_registry_never_lists_the_dead_and_refuses_a_foreign_directory(home, tmp
     with pytest.raises(Exception, match="mode 0700"):
         registry.directory()
     os.chmod(d, 0o700)
+
+
+def test_a_forged_entry_never_makes_kill_signal_another_process(home, tmp_path):
+    """A sandbox that can write the registry (same uid) plants an entry naming an
+    unrelated process with its true start time (found by review: `sandlock kill` then
+    sent it SIGTERM). An entry is believed only for a live sandlock root, child of the
+    recorded supervisor."""
+    from sandlock import registry
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        d = registry.directory()
+        forged = {"name": "job9", "root": victim.pid, "pid": victim.pid,
+                  "start_time": registry.start_time(victim.pid),
+                  "pid_start_time": registry.start_time(victim.pid),
+                  "supervisor": os.getpid(),
+                  "supervisor_start_time": registry.start_time(os.getpid()),
+                  "started": time.time(), "argv": ["x"], "cwd": "/", "policy": {}}
+        with open(os.path.join(d, f"{victim.pid}.json"), "w") as f:
+            json.dump(forged, f)
+        assert "job9" not in _cli("ps").stdout
+        for sig in ("TERM", "KILL"):
+            r = _cli("kill", "job9", "-s", sig)
+            assert r.returncode == 125 and "no running sandbox called job9" in r.stderr
+        registry.kill(forged)  # even handed the entry directly
+        assert victim.poll() is None  # still running
+        # A malformed entry is dropped, and never breaks ps.
+        with open(os.path.join(d, "2.json"), "w") as f:
+            json.dump({"name": 5, "started": "x"}, f)
+        r = _cli("ps")
+        assert r.returncode == 0 and not os.path.exists(os.path.join(d, "2.json"))
+    finally:
+        victim.kill()
+        victim.wait()

@@ -62,58 +62,11 @@ def _from_record(rec: dict, tool: str, source: str) -> dict:
 
 
 def _fix(rec: dict, tool: str, source: str) -> dict | None:
-    """The policy change that would allow what `rec` denied, if one is known. A suggestion:
-    the person who owns the policy decides."""
-    protocol = rec.get("protocol")
-    host, port = rec.get("host"), rec.get("port")
-    address = rec.get("address")
-    where = {"policy": source, "tool": tool}
-    rule = str(rec.get("rule") or "")
-    if rule.startswith(("default:framing", "default:quota", "default:size",
-                        "default:upstream-tls", "default:path", "policy_fn")):
-        return None  # malformed or refused by design: no grant fixes it
-    if rec.get("method") is not None and protocol in ("http", "https"):
-        target = host or address or "?"
-        if port not in (None, 80, 443):
-            target = f"{target}:{port}"
-        path = str(rec.get("path") or "/").split("?", 1)[0]
-        return {**where, "key": "http.allow", "add": f"{rec['method']} {target}{path}"}
-    if protocol == "dns":
-        return {**where, "key": "network.allow", "add": f"{host}:443",
-                "note": "names resolve only for hosts a rule names; use the port needed"}
-    if protocol == "tls":
-        if rule.startswith("default:sni"):
-            return None
-        return {**where, "key": "network.allow", "add": f"{host or address}:{port or 443}"}
-    if protocol in ("tcp", "udp"):
-        if protocol == "udp" and port == 53 and not host:
-            return {**where, "key": "network.allow", "add": "HOST:PORT",
-                    "note": "a DNS query to a server: name the host to reach in "
-                            "network.allow, and the supervisor resolves it"}
-        if "private" in str(rec.get("reason") or "") or rule == "default:ssrf":
-            return {**where, "key": "network.allow",
-                    "add": f"{address}:{port}" if address else f"{host}:{port}",
-                    "note": "a private or loopback address: allowed only by an explicit "
-                            "rule for it (or network.allow_private)"}
-        spec = f"{host or _bracket(address)}:{port}"
-        return {**where, "key": "network.allow",
-                "add": spec if protocol == "tcp" else f"udp://{spec}"}
-    if protocol == "unix":
-        return {**where, "key": "network.unix", "add": rec.get("path")}
-    if protocol == "file" and isinstance(rec.get("suggest"), dict):  # explain=True
-        s = rec["suggest"]
-        flag, _, target = str(s.get("flag", "")).partition(" ")
-        out = {**where, "key": "filesystem.write" if flag == "-w" else "filesystem.read",
-               "add": target}
-        if s.get("warning"):
-            out["note"] = s["warning"]
-        return out
-    return None
-
-
-def _bracket(address) -> str:
-    text = str(address)
-    return f"[{text}]" if ":" in text else text
+    """The policy change that would allow what `rec` denied, if one is known
+    (sandlock.why), and where it goes."""
+    from ..why import fix
+    f = fix(rec)
+    return {"policy": source, "tool": tool, **f} if f is not None else None
 
 
 def file_denial(action: str, path: str, reason: str, tool: str, source: str,

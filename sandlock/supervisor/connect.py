@@ -41,11 +41,18 @@ def connect(req: Request, session):
                 return CONTINUE
             raw = req.read_bytes(req.args[1], addrlen)
             return run_action(fd, False, lambda: _connect(fd, raw))
-        if (domain != AF_UNIX and stype == SOCK_STREAM and net.tcp_by_landlock
-                and session.runtime is None and single):
+        landlock_decides = (domain != AF_UNIX and stype == SOCK_STREAM and net.tcp_by_landlock
+                            and session.runtime is None and single)
+        if landlock_decides and net.audit is None:
             os.close(fd)
             return CONTINUE  # Landlock checks the port in the kernel, whatever is re-read
         dest = parse_sockaddr(req.read_bytes(req.args[1], addrlen))
+        if landlock_decides and dest.family in (AF_INET, AF_INET6):
+            # With an audit log: a refusal is recorded here; what the rules allow continues
+            # and Landlock still checks the port on what the kernel re-reads.
+            inet_verdict(req, session, "connect", "tcp", dest)
+            os.close(fd)
+            return CONTINUE
     except BaseException:
         os.close(fd)
         raise

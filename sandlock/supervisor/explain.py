@@ -122,6 +122,7 @@ def handler_for(explainer: Explainer, name: str):
 
     class Explain(Handler):
         on_exception = ExceptionPolicy.CONTINUE  # an explanation never blocks a call
+        inline = True  # reads /proc and the caller's memory only: on the loop's thread
 
         def handle(self, ctx):
             explainer.observe(ctx._request, name)

@@ -253,6 +253,7 @@ class Supervisor:
         self._base_caps = base
         self._privileged = base.mask("permitted") != 0
         self._workers = None
+        self._handler_workers = None  # custom handlers' own (_handler_pool)
         self._thread_state = threading.local()
         self._pending: set = set()  # (listener, notif id, Guard) of deferred calls
         self._pending_lock = threading.Lock()
@@ -283,8 +284,11 @@ class Supervisor:
         session.listener = listener
         if self._fast is not None and eligible(session, self._acts_with_caps(session)):
             fast = self._fast
-            session.fast = fast.enable(listener, session.net is not None
-                                       and session.net.tcp_by_landlock, session.cow is not None)
+            # TCP connects left to Landlock are continued in C, unless they must be judged
+            # here to record a refusal (an audit log: supervisor.connect).
+            net = session.net
+            session.fast = fast.enable(listener, net is not None and net.tcp_by_landlock
+                                       and net.audit is None, session.cow is not None)
             if session.fast and session.cow is not None:
                 session.cow.on_first_change = lambda: fast.clear(listener, COW_PRISTINE)
         with self._lock:
@@ -383,7 +387,12 @@ class Supervisor:
             return
         if session.user_handlers is not None and req.nr in session.user_handlers:
             fields = (notif.flags, notif.data.arch, notif.data.instruction_pointer)
-            self._submit(req, session, self._run_user, req, session, name, handler, fields)
+            if session.user_handlers.inline(req.nr) and session.runtime is None:
+                # sandlock's own recorders (explain): quick, never blocking, on this thread
+                self._run_user(req, session, name, handler, fields)
+            else:  # the user's code: on workers of its own (supervisor.user_handlers)
+                self._submit(req, session, self._run_user, req, session, name, handler,
+                             fields, pool=self._handler_pool())
             return
         if session.runtime is not None and name in HELD:
             self._submit(req, session, self._run_held, req, session, name, handler)
@@ -657,6 +666,16 @@ class Supervisor:
             except OSError:
                 pass
         session.respond(req.id, send, exempt)
+
+    def _handler_pool(self) -> Workers:
+        """Custom handlers run the user's code, which may block past its sandbox's end:
+        they have workers of their own, so that they can never take the on-behalf ones
+        every sandbox shares."""
+        with self._lock:
+            if self._handler_workers is None:
+                from .user_handlers import MAX_WORKERS
+                self._handler_workers = Workers("sandlock-handler", limit=MAX_WORKERS)
+            return self._handler_workers
 
     def _pool(self) -> Workers:
         if self._workers is None:

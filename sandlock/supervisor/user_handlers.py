@@ -26,17 +26,23 @@ from .network import CONTINUE, Inject
 from .request import Denied
 
 HOLD = object()  # the call stays unanswered: its caller waits until the sandbox ends
+MAX_WORKERS = 256  # threads running custom handlers at once, across all sandboxes
 
 
 class UserHandlers:
     """One run's handlers: {syscall number: [Handler, ...]}, the policy's own program."""
 
     def __init__(self, handlers: dict, base_bpf: bytes):
+        from ..bpf_program import decode
         self.handlers = handlers
-        self.base_bpf = base_bpf
+        self.base_bpf = decode(base_bpf)  # replayed per call: decoded once
 
     def __contains__(self, nr: int) -> bool:
         return nr in self.handlers
+
+    def inline(self, nr: int) -> bool:
+        """Only sandlock's own quick recorders here (they may run on the loop)."""
+        return all(getattr(h, "inline", False) for h in self.handlers[nr])
 
 
 def decide(session, req, notif_fields: tuple):
@@ -89,19 +95,31 @@ def outcome(session, req, action):
             raise Denied(errno.EPERM, f"a handler answered errno {err!r}")
         return ("error", err)
     if kind == _ActionKind.RETURN_VALUE:
-        return int(action.return_value)
+        value = int(action.return_value)
+        if not -(1 << 63) <= value < (1 << 63) or -4096 < value < 0:
+            raise Denied(errno.EPERM, f"a handler answered {value} (a return value is an "
+                                      f"int64, not -1..-4095: use errno())")
+        return value
     if kind == _ActionKind.INJECT_FD_SEND:
-        return Inject(action.srcfd, bool(action.newfd_flags & os.O_CLOEXEC))
+        # A duplicate is sent and closed: the handler's own fd stays the handler's (were it
+        # closed here, a later answer with the same number could send whatever the host
+        # process opened since). inject_bytes' memfd is ours, and handed over whole.
+        cloexec = bool(action.newfd_flags & os.O_CLOEXEC)
+        if action._owned:
+            return Inject(action.srcfd, cloexec)
+        return Inject(os.dup(action.srcfd), cloexec)
     if kind == _ActionKind.HOLD:
         return HOLD
     if kind == _ActionKind.KILL:
+        from .._kernel import seccomp
         from ..process_tree import signal_members
         if session.root:
             signal_members(session.root, action.sig)
-        try:
-            os.kill(req.pid, action.sig)  # the caller, whatever the tree walk saw
-        except OSError:
-            pass
+        if seccomp.notif_id_valid(req.listener, req.id):  # still that caller (no pid reuse)
+            try:
+                os.kill(req.pid, action.sig)  # the caller, whatever the tree walk saw
+            except OSError:
+                pass
         return ("error", errno.EPERM)
     raise Denied(errno.EPERM, f"unexpected handler action {kind!r}")
 
