@@ -62,7 +62,7 @@ class HttpContext:
 
     def __init__(self, address, port: int, policy: HttpPolicy, names_for, audit=None,
                  info=None, intercept=None, upgrades=frozenset(), slots=None,
-                 addresses_for=None, credentials=None, holders=None):
+                 addresses_for=None, credentials=None, holders=None, report=None):
         self.address = ipaddress.ip_address(address)
         self.port = port
         self.intercept = intercept  # tls_intercept.Interceptor, or None (SNI only)
@@ -76,6 +76,7 @@ class HttpContext:
         self.info = info or {}      # sandbox, pid, argv for the audit records
         self.credentials = credentials  # netpolicy.credentials.Credentials, or None
         self.holders = holders      # () -> [credentials.Identity] of the socket's holders
+        self.report = report        # report-only: a callable counting "would-deny", else None
 
 
 class Refusal(Exception):
@@ -245,8 +246,13 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
     for n, v in headers:
         hdrs.setdefault(n.decode("latin-1"), []).append(v.decode("latin-1"))
     verdict = ctx.policy.decide(method, host, path, qs, hdrs, aliases(ctx, host), ctx.port)
+    would = None
     if not verdict.allowed:
-        raise Refusal(403, verdict.reason, verdict.rule, method=method, host=host, path=path)
+        refusal = Refusal(403, verdict.reason, verdict.rule, method=method, host=host,
+                          path=path)
+        if ctx.report is None:
+            raise refusal
+        would = refusal  # report-only: recorded by the caller, then forwarded
     keep = [(n, v) for n, v in headers if n not in _HOP_BY_HOP and n != b"host"]
     applied = None
     if ctx.credentials is not None:  # only now: the request passed the rules
@@ -267,8 +273,10 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
         keep.append((b"content-length", lengths[0]))
     elif any(n == b"transfer-encoding" for n, _ in headers):
         keep.append((b"transfer-encoding", b"chunked"))
-    return Decided(req.method, forwarded.encode("ascii"), host, keep, path, verdict.rule,
-                   applied)
+    decided = Decided(req.method, forwarded.encode("ascii"), host, keep, path, verdict.rule,
+                      applied)
+    decided.would = would
+    return decided
 
 
 class _Closed(Exception):
@@ -413,12 +421,18 @@ class HttpFilterProxy:
                                             and verdict.needs_interception):
                 raise Refusal(403, verdict.reason, verdict.rule)
         except Refusal as r:
-            self._audit(ctx, "deny", protocol="tls", host=sni, rule=r.rule, reason=r.reason,
-                        errno="EACCES")
-            return
+            if ctx.report is None:
+                self._audit(ctx, "deny", protocol="tls", host=sni, rule=r.rule,
+                            reason=r.reason, errno="EACCES")
+                return
+            ctx.report()  # report-only: recorded, then the connection goes on
+            self._audit(ctx, "would-deny", protocol="tls", host=sni, rule=r.rule,
+                        reason=r.reason, errno="EACCES")
+            verdict = None
         if ctx.intercept is not None:
             return self._intercept(conn, ctx, sni)
-        self._audit(ctx, "allow", protocol="tls", host=sni, rule=verdict.rule)
+        if verdict is not None:
+            self._audit(ctx, "allow", protocol="tls", host=sni, rule=verdict.rule)
         up = _connect_upstream(ctx)
         try:
             _splice(conn, up)  # the peeked ClientHello is still unread: it goes first
@@ -605,8 +619,16 @@ class _HttpConnection:
                 a = decided.applied
                 creds = {k: ",".join(v) for k, v in (("credential", a.injected),
                                                      ("credential_withheld", a.withheld)) if v}
-            proxy._audit(ctx, "allow", protocol=self.protocol, method=ev.method.decode(),
-                         host=decided.host, path=decided.path, rule=decided.rule, **creds)
+            would = getattr(decided, "would", None)
+            if would is not None:  # report-only: what the rules would have refused
+                ctx.report()
+                proxy._audit(ctx, "would-deny", protocol=self.protocol,
+                             method=ev.method.decode(), host=decided.host, path=decided.path,
+                             rule=would.rule, reason=would.reason, errno="EACCES")
+            else:
+                proxy._audit(ctx, "allow", protocol=self.protocol, method=ev.method.decode(),
+                             host=decided.host, path=decided.path, rule=decided.rule,
+                             **creds)
             if not self._forward(decided):
                 return
             self.last = time.monotonic()

@@ -116,7 +116,7 @@ def _flag_fields(a) -> dict:
         "credentials": credentials or None, "credential_env": credential_env or None,
         "http_auth": a.http_auth or None,
         "audit_log": a.audit, "audit_allowed": a.audit_allowed or None,
-        "explain": a.explain or None,
+        "explain": a.explain or None, "report_only": a.report_only or None,
         "extra_deny_syscalls": a.extra_deny_syscall,
         "extra_allow_syscalls": a.extra_allow_syscall,
         "keep_capabilities": a.keep_cap or None, "env": env or None,
@@ -272,7 +272,14 @@ def _run(a, net_run: bool = False) -> int:
     finally:
         fg.restore()
         proc.close()
-    if net_run:
+    if sb.policy.report_only:
+        net = sb._net
+        n = net.would_deny if net is not None else 0
+        where = f"; `sandlock why {sb.audit.path}`" if sb.audit is not None else \
+            " (add --audit FILE to keep them)"
+        _say(f"REPORT-ONLY: nothing on the network was refused; {n} request(s) WOULD HAVE "
+             f"BEEN DENIED{where}")
+    elif net_run:
         _net_run_summary(sb)
     else:
         _denials_hint(sb, proc)

@@ -137,6 +137,9 @@ def add_run_policy_args(p: argparse.ArgumentParser) -> None:
                         "options replace|add-only, for=PROGRAM[,..], allow_cleartext, "
                         "swap=query,body")
     p.add_argument("--audit", metavar="FILE", help="append JSON Lines audit records here")
+    p.add_argument("--report-only", action="store_true",
+                   help="trial a policy: network, DNS, HTTP and policy_fn refusals are "
+                        "recorded as would-deny and allowed (files stay enforced)")
     p.add_argument("--explain", action="store_true",
                    help="record each file access the policy refuses (path, access, the grant "
                         "that would allow it) in the audit log; costs a supervisor round trip "

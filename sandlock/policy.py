@@ -133,6 +133,7 @@ class Policy:
     limits: object = None            # sandlock.limits.Limits
     waived: frozenset = frozenset()  # features.Protection given up explicitly (disable=)
     explain: bool = False            # record refused file accesses (supervisor.explain)
+    report_only: bool = False        # network/DNS/HTTP/policy_fn refusals recorded, allowed
 
 
 # Fields that exist in the API but whose mechanism is not in this version. Setting one is an
@@ -584,7 +585,10 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         raise PolicyError("http_raw: set without http_allow or http_deny rules")
     unix_allow = _unix_grants(fields.get("net_allow_unix"))
     # With HTTP rules every TCP connect is seen: those to an HTTP port go to the filter.
-    tcp_by_landlock = http is None and not endpoints.deny and all(
+    # Report-only: every connect is judged (and recorded) by the supervisor, none by
+    # Landlock's port rules, which would refuse silently.
+    report_only = _flag(fields.get("report_only"), "report_only")
+    tcp_by_landlock = http is None and not endpoints.deny and not report_only and all(
         r.any_address for r in endpoints.allow if "tcp" in r.protocols)
     protocols = endpoints.protocols()
     dns_servers = tuple(fields.get("dns_servers") or ())
@@ -604,7 +608,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     if max_open_files is not None and (not isinstance(max_open_files, int)
                                        or max_open_files < 1):
         raise PolicyError(f"max_open_files: expected a positive integer, got {max_open_files!r}")
-    udp = "udp" in protocols or bool(endpoints.hostnames)
+    udp = "udp" in protocols or bool(endpoints.hostnames) or report_only
     policy_fn, policy_fn_timeout, runtime_events = parse_runtime(fields, deny_syscalls)
     upgrades = fields.get("http_upgrades") or ()
     kinds = ("websocket", "h2c", "h2", "connect")
@@ -619,11 +623,11 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         # is recorded (Landlock's own TCP refusals leave no trace).
         net_supervised="network" in runtime_events or bool(audit_log) or not (
             tcp_by_landlock and "*" in unix_allow and not udp and "icmp" not in protocols),
-        udp=udp, icmp="icmp" in protocols, dns_servers=dns_servers,
+        udp=udp, icmp="icmp" in protocols or report_only, dns_servers=dns_servers,
         audit_log=os.path.abspath(audit_log) if audit_log else None,
         audit_allowed=bool(fields.get("audit_allowed")),
         fs_readable=readable, fs_writable=writable, fs_denied=denied,
-        tcp_connect=tcp_ports(endpoints),
+        tcp_connect=PortSet(any_port=True) if report_only else tcp_ports(endpoints),
         tcp_bind=parse_bind_ports(fields.get("net_allow_bind")),
         deny_syscalls=deny_syscalls,
         keep_caps=parse_caps(fields.get("keep_capabilities")),
@@ -644,6 +648,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         limits=parse_limits(fields),
         waived=parse_waived(fields.get("disable")),
         explain=_flag(fields.get("explain"), "explain"),
+        report_only=report_only,
     )
 
 

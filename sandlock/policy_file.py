@@ -39,6 +39,7 @@ CREDENTIALS = "mapping of credential names to sources (env:VAR, file:PATH, cmd:C
 SCHEMA = {
     "version": NUM,
     "name": STR,
+    "mode": STR,   # "enforce" (default) or "report": report_only
     "filesystem": {"system": (BOOL, None), "read": (STRLIST, "fs_readable"),
                    "write": (STRLIST, "fs_writable"), "deny": (STRLIST, "fs_denied"),
                    "protect": (BOOL, "protect_user_files")},
@@ -214,6 +215,11 @@ def _top_key(path, out, seen, knode, vnode, errors) -> None:
         if key == "name":
             out.name = value
             out.fields["name"] = value
+        if key == "mode":
+            if value not in ("enforce", "report"):
+                raise PolicyError(f"{_where(path, vnode, key)}: expected enforce or report, "
+                                  f"got {value!r}")
+            out.fields["report_only"] = value == "report"
         return
     if not isinstance(vnode, yaml.MappingNode):
         raise PolicyError(f"{_where(path, vnode, key)}: expected a mapping")

@@ -101,6 +101,7 @@ class Sandbox:
     fs_mount_ro: Any = None
     no_coredump: bool = False
     explain: bool = False      # record the file accesses the policy refuses (supervisor)
+    report_only: bool = False  # network/DNS/HTTP/policy_fn refusals: recorded, allowed
     allow_degraded: Any = ()   # True: any protection may be missing; or [Protection, ...]
     disable: Sequence[Any] = ()
     keep_capabilities: Sequence[str] | None = None

@@ -87,15 +87,16 @@ def explain(records) -> list[dict]:
     from netpolicy.audit import describe
     out: dict[tuple, dict] = {}
     for rec in records:
-        if rec.get("decision") != "deny":
+        if rec.get("decision") not in ("deny", "would-deny"):
             continue
-        key = (describe(rec), rec.get("rule"))
+        would = rec["decision"] == "would-deny"  # report-only: allowed, and recorded
+        key = (describe(rec), rec.get("rule"), would)
         if key in out:
             out[key]["count"] += 1
             continue
         f = fix(rec)
         entry = {"denied": key[0], "rule": rec.get("rule"), "reason": rec.get("reason"),
-                 "count": 1, "argv": rec.get("argv")}
+                 "count": 1, "argv": rec.get("argv"), "would_deny": would}
         if f is not None:
             entry["fix"] = {**f, **forms(f)}
         out[key] = entry
@@ -109,7 +110,8 @@ def render(entries) -> str:
     lines = []
     for e in entries:
         times = f" (x{e['count']})" if e["count"] > 1 else ""
-        lines.append(f"{printable(e['denied'])}{times}")
+        lead = "would deny (report-only): " if e.get("would_deny") else ""
+        lines.append(f"{lead}{printable(e['denied'])}{times}")
         lines.append(f"  decided by {printable(str(e['rule']))}: {printable(e['reason'] or '')}")
         f = e.get("fix")
         if f is None:

@@ -101,9 +101,13 @@ class NetState:
             from ..credential_policy import Secrets
             self.secrets = Secrets(policy.credentials)
         self.audit = audit
+        self.report_only = policy.report_only  # refusals by rules: recorded, then allowed
+        self.would_deny = 0                    # ... how many (the end-of-run line)
         self._local: frozenset = frozenset()
         self._local_until = 0.0
-        self.dns_enabled = bool(self.policy.hostnames)
+        # Report-only answers every name itself, so that names are recorded with what
+        # the program then reaches.
+        self.dns_enabled = bool(self.policy.hostnames) or self.report_only
         # Where names are resolved at all, the hosts HTTP rules name are resolved too (best
         # effort), so that a request reaching one of their addresses is judged under that
         # name as well (netpolicy.http_rules).
@@ -221,7 +225,11 @@ class NetState:
                                     "argv": argv_of(req.pid)}, self.interceptor,
                            self.http_upgrades, self.http_slots,
                            pins.addresses_for if pins is not None else None,
-                           credentials, holders)
+                           credentials, holders, self._report if self.report_only else None)
+
+    def _report(self) -> None:
+        """The HTTP filter let through what its rules refused (report-only)."""
+        self.would_deny += 1
 
     def dns_context(self, req):
         from netpolicy.dns_proxy import DnsContext
@@ -233,5 +241,16 @@ class NetState:
                 self.audit.record(decision="deny" if refusal else "allow", pid=pid,
                                   argv=argv_of(pid), syscall="dns", protocol="dns", host=name,
                                   rule="default:dns" if refusal else "dns", reason=refusal)
-        return DnsContext(lambda n: self.policy.name_allowed(n) is not None, self.resolver,
-                          self.pins, on_decision, self.dns_slots)
+        def allowed(name) -> bool:
+            ok = self.policy.name_allowed(name) is not None
+            if not ok and self.report_only:
+                self.would_deny += 1
+                if self.audit is not None:
+                    from .network import argv_of
+                    self.audit.record(decision="would-deny", pid=pid, argv=argv_of(pid),
+                                      syscall="dns", protocol="dns", host=name,
+                                      rule="default:dns",
+                                      reason=f"no rule allows the name {name}")
+                return True
+            return ok
+        return DnsContext(allowed, self.resolver, self.pins, on_decision, self.dns_slots)

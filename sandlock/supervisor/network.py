@@ -199,6 +199,20 @@ def deny(req, session, syscall, reason, err=errno.EACCES, **dest):
     raise Denied(err, reason)
 
 
+def refuse(req, session, syscall, reason, err=errno.EACCES, **dest):
+    """A refusal by the policy's rules: deny() it, or in report-only mode record it as
+    "would-deny" and let the call go on (returns). Refusals no rule decides (malformed,
+    uncheckable) use deny() and are refused in every mode."""
+    net = session.net
+    if net is None or not net.report_only:
+        deny(req, session, syscall, reason, err, **dest)
+    net.would_deny += 1
+    if net.audit is not None:
+        net.audit.record(decision="would-deny", sandbox=session.name, pid=req.pid,
+                         argv=argv_of(req.pid), syscall=syscall,
+                         errno=errno.errorcode.get(err, err), reason=reason, **dest)
+
+
 def audit_allow(req, session, syscall, **dest):
     audit = session.net.audit
     if audit is not None and audit.log_allowed:
@@ -220,8 +234,9 @@ def inet_verdict(req, session, syscall, protocol, dest):
     if rt is not None:
         _runtime_verdict(req, session, rt, syscall, dest, verdict.allowed, info)
     if not verdict.allowed:
-        deny(req, session, syscall, verdict.reason, **info)
-    audit_allow(req, session, syscall, **info)
+        refuse(req, session, syscall, verdict.reason, **info)
+    else:
+        audit_allow(req, session, syscall, **info)
     return names
 
 
@@ -238,11 +253,11 @@ def _runtime_verdict(req, session, rt, syscall, dest, allowed, info) -> None:
         return
     refusal = rt.network_refusal(tgid, dest.address)
     if refusal is not None:
-        deny(req, session, syscall, refusal, **dict(info, rule="policy_fn"))
+        refuse(req, session, syscall, refusal, **dict(info, rule="policy_fn"))
     if "network" in rt.events:
         v = rt.decide(event)
         if not v.allow:
-            deny(req, session, syscall, v.reason, v.errno, **dict(info, rule="policy_fn"))
+            refuse(req, session, syscall, v.reason, v.errno, **dict(info, rule="policy_fn"))
 
 
 def unix_target(req, session, syscall, dest) -> int:
@@ -257,9 +272,13 @@ def unix_target(req, session, syscall, dest) -> int:
     grants = session.net.unix_allow
     if "*" in grants or any(is_beneath(real, g) for g in grants):
         return fd
-    os.close(fd)
-    deny(req, session, syscall, f"unix socket {real} is not in net_allow_unix",
-          protocol="unix", path=real, rule="default:unix")
+    try:
+        refuse(req, session, syscall, f"unix socket {real} is not in net_allow_unix",
+               protocol="unix", path=real, rule="default:unix")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd  # report-only: it would have been refused
 
 
 def proc_fd_sockaddr(target_fd: int) -> bytes:
@@ -295,5 +314,5 @@ def abstract_granted(req, session, syscall, dest) -> None:
     name = "@" + dest.raw[3:].split(b"\0", 1)[0].decode("latin-1")
     grants = session.net.unix_allow
     if "*" not in grants and name not in grants:
-        deny(req, session, syscall, f"abstract unix socket {name} is not in net_allow_unix",
-              errno.EPERM, protocol="unix", path=name, rule="default:unix")
+        refuse(req, session, syscall, f"abstract unix socket {name} is not in net_allow_unix",
+               errno.EPERM, protocol="unix", path=name, rule="default:unix")

@@ -37,7 +37,7 @@ import time
 from .._kernel import sockets
 from .network import (AF_INET, AF_INET6, AF_UNIX, AF_UNSPEC, CONTINUE,
                       MSG_FASTOPEN, SOCK_DGRAM, SOCK_SEQPACKET, SOCK_STREAM, Defer, Guard,
-                      blocking, deny, inet_verdict, parse_sockaddr,
+                      blocking, deny, inet_verdict, parse_sockaddr, refuse,
                       proc_fd_sockaddr, protocol_of, single_threaded, socket_info_of,
                       unix_target)
 from .request import Denied, Request
@@ -195,8 +195,8 @@ def _dns_query(req, session, syscall, dest, payload: bytes) -> bytes:
     except QueryRefused as e:
         deny(req, session, syscall, f"{e}: refused, never forwarded", errno.EPERM, **info)
     if net.policy.name_allowed(query.name) is None:
-        deny(req, session, syscall, f"DNS query for {query.name}: no rule allows that name",
-             errno.EPERM, host=query.name, **info)
+        refuse(req, session, syscall, f"DNS query for {query.name}: no rule allows that name",
+               errno.EPERM, host=query.name, **info)
     try:
         net.pin(query.name)
     except Exception:  # the query still goes out; its answer will say why
@@ -211,7 +211,7 @@ def _runtime_refusal(req, session, syscall, dest, info) -> None:
         tgid, _ = req.process_ids()
         refusal = rt.network_refusal(tgid, dest.address)
         if refusal is not None:
-            deny(req, session, syscall, refusal, errno.EPERM, **dict(info, rule="policy_fn"))
+            refuse(req, session, syscall, refusal, errno.EPERM, **dict(info, rule="policy_fn"))
 
 
 def _message_limit(fd: int, domain: int, stype: int) -> tuple[int, bool]:

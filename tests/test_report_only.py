@@ -1,0 +1,97 @@
+"""Report-only (--report-only, report_only=True, YAML `mode: report`): what the network, DNS
+and HTTP rules would refuse is recorded as "would-deny" and allowed, so a policy can be
+trialled on a live program; the filesystem stays enforced."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import PY, sandbox
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FETCH = ("import sys, urllib.request as u\n"
+         "for url in sys.argv[1:]:\n"
+         "    try:\n        print(u.urlopen(url, timeout=10).read().decode())\n"
+         "    except Exception as e:\n        print('failed', type(e).__name__)\n")
+
+
+@pytest.fixture
+def web():
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv.hits = hits
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_refusals_are_recorded_and_allowed_files_stay_enforced(tmp_path, web):
+    from dnsserver import TestDnsServer
+    dns = TestDnsServer({"api.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    port = web.server_address[1]
+    log = tmp_path / "audit.jsonl"
+    (tmp_path / "private.txt").write_text("private\n")
+    os.chmod(tmp_path, 0o755)
+    urls = [f"http://127.0.0.1:{port}/tcp",          # no rule names it
+            f"http://other.test:{port}/dns",          # a name no rule allows
+            f"http://api.test:{port}/admin"]          # an HTTP rule refuses the path
+    fields = dict(net_allow=[f"api.test:{port}"], net_allow_private=True,
+                  dns_servers=[dns.address], http_allow=[f"GET api.test:{port}/ok/*"],
+                  audit_log=str(log))
+    # Enforced (the control): nothing reaches the server.
+    r = sandbox(**fields).run([PY, "-c", FETCH, *urls], timeout=60)
+    assert r.stdout.decode().split().count("failed") == 3 and web.hits == [], r.stdout
+    log.unlink()
+    # Report-only: all three go through, and each is recorded as would-deny.
+    r = sandbox(**fields, report_only=True).run(
+        [PY, "-c", FETCH, *urls + [], "file://" + str(tmp_path / "private.txt")], timeout=60)
+    out = r.stdout.decode().split()
+    assert out[:3] == ["ok", "ok", "ok"], (r.stdout, r.stderr)
+    assert out[3] == "failed"  # the file read: still refused
+    assert sorted(web.hits) == ["/admin", "/dns", "/tcp"]
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    would = [(x.get("protocol"), x.get("host") or x.get("address")) for x in recs
+             if x["decision"] == "would-deny"]
+    # (the port is an HTTP port here: every request to it is judged by the HTTP filter)
+    assert {("http", "127.0.0.1"), ("dns", "other.test"), ("http", "api.test")} <= set(
+        would), recs
+    assert not [x for x in recs if x["decision"] == "deny"]
+
+
+def test_cli_and_yaml_say_report_only_loudly(tmp_path, web):
+    port = web.server_address[1]
+    policy = tmp_path / "trial.yaml"
+    policy.write_text(f"version: 1\nmode: report\naudit: {{file: {tmp_path}/a.jsonl}}\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "sandlock", "run", "--policy", str(policy),
+                        "--", PY, "-c", FETCH, f"http://127.0.0.1:{port}/yaml"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "ok" and "/yaml" in web.hits, r.stderr
+    assert "REPORT-ONLY" in r.stderr and "1 request(s) WOULD HAVE BEEN DENIED" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "sandlock", "why", f"{tmp_path}/a.jsonl"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert "would deny (report-only): tcp 127.0.0.1" in r.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nmode: trial\n")
+    r = subprocess.run([sys.executable, "-m", "sandlock", "policy", "check", str(bad)],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 125 and f"{bad}:2: mode: expected enforce or report" in r.stderr
