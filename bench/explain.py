@@ -1,6 +1,7 @@
 """The cost of explain=True (--explain): every path call goes to the supervisor, which
-records the ones the policy refuses. Medians of a Python start and `git status` in a small
-repository: bare, sandboxed, sandboxed with explain.
+records the ones the policy refuses; and of `sandlock learn`'s run (explain on every
+access, a copy-on-write workdir, report-only network). Medians of a Python start and `git
+status` in a small repository: bare, sandboxed, with explain, learning.
 
     .venv/bin/python bench/explain.py [--runs N]
 """
@@ -44,12 +45,16 @@ def main():
              "git status (200 files)": ["git", "-C", repo, "status", "--porcelain"]}
     grants = dict(fs_readable=system_readable() + [repo], fs_writable=system_devices())
     plain, explained = Sandbox(**grants), Sandbox(**grants, explain=True)
-    print(f"{'command':26} {'bare':>9} {'sandbox':>9} {'explain':>9} {'explain/sandbox':>16}")
+    from sandlock.learn import run_learning
+    print(f"{'command':26} {'bare':>9} {'sandbox':>9} {'explain':>9} {'learn':>9} "
+          f"{'explain/sandbox':>16}")
     for name, argv in cases.items():
         bare = median_ms(lambda: subprocess.run(argv, env=env, capture_output=True), runs)
         sb = median_ms(lambda: plain.run(argv), runs)
         ex = median_ms(lambda: explained.run(argv), runs)
-        print(f"{name:26} {bare:8.2f}ms {sb:8.2f}ms {ex:8.2f}ms {ex / sb:15.2f}x")
+        le = median_ms(lambda: run_learning(argv, {}, repo, 60), max(3, runs // 4))
+        print(f"{name:26} {bare:8.2f}ms {sb:8.2f}ms {ex:8.2f}ms {le:8.2f}ms "
+              f"{ex / sb:15.2f}x")
 
 
 if __name__ == "__main__":

@@ -358,12 +358,21 @@ class HttpFilterProxy:
             if not first:
                 return
             if first != b"\x16" and not _looks_like_http(conn):
-                self._audit(ctx, "deny", protocol="tcp", rule="default:protocol",
-                            reason=f"the bytes sent to {ctx.address}:{ctx.port} are neither "
-                                   f"HTTP nor TLS, and HTTP rules name this host (mark the "
-                                   f"endpoint raw to relay it unfiltered: http_raw)",
-                            errno="EACCES")
-                return
+                reason = (f"the bytes sent to {ctx.address}:{ctx.port} are neither HTTP nor "
+                          f"TLS, and HTTP rules name this host (mark the endpoint raw to "
+                          f"relay it unfiltered: http_raw)")
+                if ctx.report is None:
+                    self._audit(ctx, "deny", protocol="tcp", rule="default:protocol",
+                                reason=reason, errno="EACCES")
+                    return
+                ctx.report()  # report-only: relayed as it is, and recorded
+                self._audit(ctx, "would-deny", protocol="tcp", rule="default:protocol",
+                            reason=reason, errno="EACCES")
+                up = _connect_upstream(ctx)
+                try:
+                    return _splice(conn, up)
+                finally:
+                    up.close()
             (self._serve_tls if first == b"\x16" else self._serve_http)(conn, ctx)
         except Exception:
             pass  # a failure ends the connection; it never lets anything through

@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cli_parser import build
     first = argv[0] if argv else None
     known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace",
-             "completion", "ps", "inspect", "kill", "profile", "why")
+             "completion", "ps", "inspect", "kill", "profile", "why", "learn")
     parser = build(first if first in known else None)
     args, extras = parser.parse_known_args(argv)
     if extras:  # told under the usage of the subcommand in use, with the closest option
@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         sub.error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command in ("run", "net-run"):
         return _run(args, net_run=args.command == "net-run")
+    if args.command == "learn":
+        from .learn import main as learn
+        return learn(args)
     from . import cli_tools
     return {"policy": cli_tools.policy_check, "audit": cli_tools.audit,
             "certs": cli_tools.certs, "workspace": cli_tools.workspace,

@@ -228,6 +228,20 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
                            help="how many entries each summary table shows")
         audit.add_argument("--summary", action="store_true",
                            help="only the totals, not one line per denial")
+    if wanted("learn"):
+        learn = sub.add_parser("learn", help="run a command once and write the smallest "
+                                             "policy it needs",
+                               usage="sandlock learn [-p BASE.yaml] [-o POLICY.yaml] -- CMD",
+                               description="Reads are observed (secrets stay hidden), "
+                                           "writes land in a copy-on-write layer that is "
+                                           "discarded, the network runs in report-only "
+                                           "mode; then the policy is written (stdout, or "
+                                           "-o), each line saying what needed it.")
+        learn.add_argument("-p", "--policy", metavar="BASE.yaml",
+                           help="a policy to start from (its DNS servers, limits ...)")
+        learn.add_argument("-o", "--output", metavar="POLICY.yaml")
+        learn.add_argument("-t", "--timeout", type=float, metavar="SECONDS")
+        learn.add_argument("cmd", nargs=argparse.REMAINDER)
     if wanted("why"):
         why = sub.add_parser("why", help="explain the denials of an audit log and what "
                                          "would allow each",

@@ -121,6 +121,7 @@ class Sandbox:
     _run_policy: Any = field(default=None, init=False, repr=False, compare=False)
     _user_handlers: Any = field(default=None, init=False, repr=False, compare=False)
     _handler_bpf: Any = field(default=None, init=False, repr=False, compare=False)
+    _learn_sink: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("on_exit", "on_error"):  # "abort" -> BranchAction.ABORT, as upstream
@@ -376,7 +377,7 @@ class Sandbox:
             if policy.explain:  # first: it records, and always continues
                 from .supervisor.explain import CALLS, Explainer, handler_for
                 from .syscall_filter import syscall_number
-                explainer = Explainer(session, self._audit_log())
+                explainer = Explainer(session, self._audit_log(), self._learn_sink)
                 for name in CALLS:
                     table.setdefault(syscall_number(name), []).insert(
                         0, handler_for(explainer, name))

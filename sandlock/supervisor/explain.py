@@ -30,6 +30,14 @@ CALLS = {
     "truncate": (None, 0, "write"),
 }
 MAX_RECORDS = 256
+MAX_OBSERVED = 20000  # sandlock learn: distinct accesses kept
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return "?"
 
 
 def _needs(flags: int) -> str:
@@ -81,9 +89,11 @@ def suggestion(path: str, access: str) -> dict:
 class Explainer:
     """One run's file denials (Result.denials, and the audit log when there is one)."""
 
-    def __init__(self, session, audit=None):
+    def __init__(self, session, audit=None, sink: list | None = None):
         self.session, self.audit = session, audit
         self.seen: set = set()
+        self.sink = sink  # sandlock learn: every (path, access, program) observed
+        self.observed: set = set()
 
     def observe(self, req, name: str) -> None:
         from .network import argv_of
@@ -99,6 +109,10 @@ class Explainer:
                        root=root) if text else None
         if path is not None and access == "create" and os.path.lexists(root + path):
             access = "write"  # O_CREAT on what exists creates nothing
+        if path is not None and self.sink is not None and (path, access) not in self.observed \
+                and len(self.observed) < MAX_OBSERVED:
+            self.observed.add((path, access))
+            self.sink.append((path, access, os.path.basename(_exe(req.pid))))
         if path is None or (path, access) in self.seen or len(self.seen) >= MAX_RECORDS:
             return
         verdict = judge(self.session.policy, path, access)

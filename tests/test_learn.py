@@ -1,0 +1,96 @@
+"""`sandlock learn`: run a script once and write the smallest policy under which it passes
+again — and no wider (a script that reads a sibling directory still fails under it)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = "/usr/bin/python3"
+
+
+def _cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "sandlock", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def web():
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _reply(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            hits.append((self.command, self.path))
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"data")
+        do_GET = do_POST = _reply
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv.hits = hits
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+SCRIPT = """\
+import sys, urllib.request as u
+conf = open(sys.argv[1] + "/app.conf").read().strip()
+data = u.urlopen(f"http://api.test:{sys.argv[2]}/v1/data").read().decode()
+u.urlopen(u.Request(f"http://api.test:{sys.argv[2]}/v1/upload", data=b"up")).read()
+open("result.txt", "w").write(conf + " " + data + "\\n")
+print("done")
+"""
+
+
+def test_learn_writes_a_policy_that_passes_and_is_no_wider(tmp_path, web):
+    from dnsserver import TestDnsServer
+    dns = TestDnsServer({"api.test": ["127.0.0.1"]})
+    port = web.server_address[1]
+    conf, sibling, work = tmp_path / "conf", tmp_path / "sibling", tmp_path / "work"
+    for d in (conf, sibling, work):
+        d.mkdir()
+    (conf / "app.conf").write_text("setting\n")
+    (sibling / "other.conf").write_text("other\n")
+    (work / "script.py").write_text(SCRIPT)
+    for p in (tmp_path, conf, sibling, work, *conf.iterdir(), *sibling.iterdir(),
+              *work.iterdir()):
+        os.chmod(p, 0o777 if p.is_dir() else 0o666)
+    base = tmp_path / "base.yaml"
+    base.write_text(f'version: 1\ndns: {{servers: ["{dns.address}"]}}\n')
+    learnt = tmp_path / "learnt.yaml"
+    r = _cli("learn", "-p", str(base), "-o", str(learnt), "--", PY, "script.py", str(conf),
+             str(port), cwd=work)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert not (work / "result.txt").exists()  # the learning run's writes were discarded
+    text = learnt.read_text()
+    assert str(conf) in text and f"api.test:{port}" in text, text
+    assert f'"POST api.test:{port}/v1/upload"' in text and "# read: app.conf" in text
+    assert str(sibling) not in text
+    web.hits.clear()
+    # The same command under the learnt policy: it passes, for real this time.
+    r = _cli("run", "--policy", str(learnt), "--strict", "--", PY, "script.py", str(conf),
+             str(port), cwd=work)
+    assert r.returncode == 0 and r.stdout == "done\n", (r.stderr, text)
+    assert (work / "result.txt").read_text() == "setting data\n"
+    assert ("POST", "/v1/upload") in web.hits
+    # No wider: the sibling directory stays out of reach, and another path on the API too.
+    r = _cli("run", "--policy", str(learnt), "--strict", "--", PY, "-c",
+             f"print(open({str(sibling / 'other.conf')!r}).read())", cwd=work)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    r = _cli("run", "--policy", str(learnt), "--strict", "--", PY, "-c",
+             f"import urllib.request as u; u.urlopen(u.Request("
+             f"'http://api.test:{port}/v1/delete', data=b'x'))", cwd=work)
+    assert r.returncode != 0 and ("POST", "/v1/delete") not in web.hits
