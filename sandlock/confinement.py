@@ -45,6 +45,7 @@ class Confinement:
     # The supervisor decides destinations (policy.net_supervised, where it can act on
     # sockets); False where pidfd_getfd is refused: unix sockets are then refused instead.
     net_supervised: bool = False
+    landlock_log: bool = False  # restrict with LOG_NEW_EXEC_ON (supervisor.landlock_audit)
     notices: tuple[str, ...] = ()  # what this system does differently, said to the user
     cores: tuple[int, ...] = ()  # cpu_cores: set on the program before it starts
     control_lines: tuple[bytes, ...] = ()  # limits the sandbox's root applies (limits.py)

@@ -112,7 +112,8 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
              | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0)
-             | (16 if conf.send_listener else 0) | passed << 8)
+             | (16 if conf.send_listener else 0) | (32 if conf.landlock_log else 0)
+             | passed << 8)
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0", str(flags), rlimits,
@@ -122,7 +123,7 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
           cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None,
           run_rules: dict | None = None, ruleset_ready=None, hold: bool = False,
-          pass_fds: tuple = ()) -> Spawned:
+          pass_fds: tuple = (), on_program=None) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit). With
     `hold`, the program stops short of its exec, confined and attached, until
     Spawned.release() (upstream's create()/start()).
@@ -145,14 +146,14 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
         if ruleset_ready is not None and ruleset is not None:
             ruleset_ready(ruleset.fd)
         return _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
-                      tuple(pass_fds))
+                      tuple(pass_fds), on_program)
     finally:
         if ruleset is not None and ruleset is not conf.ruleset:
             ruleset.close()
 
 
 def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
-           pass_fds=()) -> Spawned:
+           pass_fds=(), on_program=None) -> Spawned:
     if len(pass_fds) > MAX_PASSED:
         raise SandboxError(f"at most {MAX_PASSED} fds can be passed to a program")
     status, child_status = socket.socketpair(socket.AF_UNIX,
@@ -196,6 +197,8 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
         if rec is None or rec[0] != _STEP["child"]:
             raise _setup_error(rec)
         program = rec[1]
+        if on_program is not None:  # before it can do anything (it waits for our ack)
+            on_program(program)
         if conf.cores:  # inherited by everything it starts; the filter refuses changes
             os.sched_setaffinity(program, conf.cores)
         rec = _read_record(status, SETUP_TIMEOUT, passed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import threading
 from dataclasses import dataclass, field, fields
@@ -192,7 +193,13 @@ class Sandbox:
                         policy = replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
                     object.__setattr__(self, "_run_policy", policy)
                     conf = _confinement.build(policy)
-                    if self._user_handlers or policy.explain:
+                    if (policy.explain or policy.audit_log) and self._learn_sink is None \
+                            and conf.ruleset is not None:
+                        # Landlock reports its own refusals where the audit subsystem is
+                        # on and we may read it: free (supervisor.landlock_audit).
+                        from .supervisor import landlock_audit
+                        conf.landlock_log = landlock_audit.available()
+                    if self._user_handlers or (policy.explain and not conf.landlock_log):
                         self._route_to_handlers(conf)
                     object.__setattr__(self, "_conf", conf)
                 conf = self._conf
@@ -371,7 +378,11 @@ class Sandbox:
             runtime = Runtime(policy.policy_fn, policy.policy_fn_timeout,
                               policy.runtime_events, self._audit_log(), policy.name)
         session = Session(policy, policy.name, net, runtime)
-        if self._user_handlers or policy.explain:
+        on_program = None
+        if conf.landlock_log:
+            from .supervisor.explain import Explainer
+            on_program = functools.partial(_watch, Explainer(session, self._audit_log()))
+        elif self._user_handlers or policy.explain:
             from .supervisor.user_handlers import UserHandlers
             table = {nr: list(hs) for nr, hs in (self._user_handlers or {}).items()}
             if policy.explain:  # first: it records, and always continues
@@ -382,6 +393,9 @@ class Sandbox:
                     table.setdefault(syscall_number(name), []).insert(
                         0, handler_for(explainer, name))
             session.user_handlers = UserHandlers(table, self._handler_bpf)
+        if conf.landlock_log and self._user_handlers:
+            from .supervisor.user_handlers import UserHandlers
+            session.user_handlers = UserHandlers(dict(self._user_handlers), self._handler_bpf)
         if (policy.limits is not None and policy.limits.processes) or runtime is not None:
             from .supervisor.forks import ForkBudget, UNLIMITED
             session.forks = ForkBudget(policy.limits.processes if policy.limits is not None
@@ -418,7 +432,8 @@ class Sandbox:
                 attach=lambda listener, pid: supervisor().attach(listener, session, pid),
                 overlay=workspace.overlay if workspace is not None else None,
                 run_rules=workspace.run_rules if workspace is not None else None,
-                ruleset_ready=ruleset_ready, hold=hold, pass_fds=pass_fds)
+                ruleset_ready=ruleset_ready, hold=hold, pass_fds=pass_fds,
+                on_program=on_program)
         except BaseException:
             for fd in parent_ends:
                 if fd >= 0:
@@ -440,6 +455,8 @@ class Sandbox:
                 proc._lower_limits(memory=early["memory"])
         if tmpdir is not None:
             proc._cleanup.append(lambda tmp=self._tmp: tmp.end_run(tmpdir))
+        if on_program is not None:
+            proc._cleanup.append(lambda pid=proc.pid: _unwatch_later(pid))
         from . import registry  # `sandlock ps` / `inspect` / `kill`
         entry = registry.register(proc.root, proc.pid, policy.name, argv, policy.cwd,
                                   self._given_fields())
@@ -893,6 +910,26 @@ class _Workspace:
             result.kept = self.layer.root
         if self.error:
             result.error = f"{result.error}; {self.error}" if result.error else self.error
+
+
+def _watch(recorder, pid: int) -> None:
+    from .supervisor import landlock_audit
+    landlock_audit.watch(pid, recorder)
+
+
+def _unwatch_later(pid: int, delay: float = 0.5) -> None:
+    """The kernel's audit thread delivers records shortly after the fact: wait a little for
+    the last ones before the Result is made, and stop mapping the program's Landlock
+    domain later still."""
+    import time
+    from .supervisor import landlock_audit
+    time.sleep(FLUSH_AUDIT)
+    t = threading.Timer(delay, landlock_audit.unwatch, (pid,))
+    t.daemon = True
+    t.start()
+
+
+FLUSH_AUDIT = 0.03  # seconds
 
 
 def _settled(pid: int, limit: float = 0.5) -> None:

@@ -22,7 +22,9 @@
  * the child reports its pid (record ST_CHILD), confines itself as below and execs.
  * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) FLAGS
  *       RLIMITS("res:soft:hard,..." or "-") LOWER UPPER WORK RIGHTS -- EXE ARGV0 ARGV...
- * FLAGS: bit 0 = a Landlock ruleset is at fd 5; bit 1 = become a child subreaper (the
+ * FLAGS: bit 5 = Landlock logs the program's denials to the audit subsystem (ABI 7:
+ * LOG_NEW_EXEC_ON; supervisor/landlock_audit.py reads them); bits 8.. = passed fds;
+ * bit 0 = a Landlock ruleset is at fd 5; bit 1 = become a child subreaper (the
  * sandbox's orphans then stay its descendants: sandlock/supervisor/freeze.py walks them);
  * bit 2 = a copy-on-write workspace of the overlay backend: LOWER (the workdir) is covered
  * by an overlayfs mount whose upper layer is UPPER (WORK is overlayfs' work directory),
@@ -83,7 +85,9 @@ enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7, FD
        FD_PASSED = 9, MAX_PASSED = 64 };
 static int passed; /* fds FD_PASSED.. kept for the program (FLAGS >> 8) */
 static int status_fd = FD_STATUS; /* moved above the passed fds just before the exec */
-enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16 };
+enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16,
+       F_LANDLOCK_LOG = 32 };
+#define LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON (1U << 1) /* ABI 7: log the program's denials */
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
 #define MAX_BPF_INSNS 4096
@@ -462,7 +466,9 @@ int main(int argc, char **argv) {
     drop_capabilities(keep, cap_last, privileged);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         fail(ST_NO_NEW_PRIVS, errno);
-    if (has_ruleset && syscall(SYS_landlock_restrict_self, FD_RULESET, 0) < 0)
+    if (has_ruleset && syscall(SYS_landlock_restrict_self, FD_RULESET,
+                               (flags & F_LANDLOCK_LOG) ? LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON
+                                                        : 0) < 0)
         fail(ST_LANDLOCK, errno);
 
     int listener = load_seccomp();

@@ -71,10 +71,12 @@ def judge(policy, path: str, access: str) -> tuple[str, str] | None:
     return "default:fs", f"{access} {path}: no grant covers it"
 
 
-def suggestion(path: str, access: str) -> dict:
-    """The smallest grant that would allow it, as a flag and as YAML."""
+def suggestion(path: str, access: str, in_directory: bool = False) -> dict:
+    """The smallest grant that would allow it, as a flag and as YAML. `in_directory`: the
+    path is already the directory a create/remove happens in (Landlock names that)."""
     from ..home_policy import persistence_paths, secret_paths
-    target = os.path.dirname(path) if access in ("create", "remove") else path
+    target = os.path.dirname(path) if access in ("create", "remove") and not in_directory \
+        else path
     flag, key = ("-w", "write") if access in ("write", "create", "remove") else ("-r", "read")
     out = {"flag": f"{flag} {target}", "yaml": f"filesystem: {{{key}: [{target}]}}"}
     home = os.path.expanduser("~")
@@ -96,7 +98,6 @@ class Explainer:
         self.observed: set = set()
 
     def observe(self, req, name: str) -> None:
-        from .network import argv_of
         dirfd_arg, path_arg, what = CALLS[name]
         raw = req.read_path(path_arg)
         text = os.fsdecode(raw)
@@ -120,10 +121,25 @@ class Explainer:
             return
         self.seen.add((path, access))
         rule, reason = verdict
+        self._record(req.pid, name, path, access, rule, reason)
+
+    def kernel_denial(self, path: str, access: str, blockers: str, pid: int | None) -> None:
+        """A refusal Landlock reported itself (supervisor.landlock_audit)."""
+        if (path, access) in self.seen or len(self.seen) >= MAX_RECORDS:
+            return
+        self.seen.add((path, access))
+        where = "in " if access in ("create", "remove") else ""
+        self._record(pid, None, path, access, "landlock",
+                     f"{access} {where}{path}: Landlock refused {blockers} (no grant covers "
+                     f"it)", in_directory=True)
+
+    def _record(self, pid, name, path, access, rule, reason, in_directory=False) -> None:
+        from .network import argv_of
         rec = {"time": round(time.time(), 6), "decision": "deny", "sandbox": self.session.name,
-               "pid": req.pid, "argv": argv_of(req.pid), "syscall": name,
+               "pid": pid, "argv": argv_of(pid) if pid else [], "syscall": name,
                "protocol": "file", "path": path, "access": access, "errno": "EACCES",
-               "rule": rule, "reason": reason, "suggest": suggestion(path, access)}
+               "rule": rule, "reason": reason,
+               "suggest": suggestion(path, access, in_directory)}
         if len(self.session.denials) < self.session.MAX_RECORDS:
             self.session.denials.append(rec)
         if self.audit is not None:
