@@ -259,9 +259,10 @@ def build(policy: Policy) -> Confinement:
                                         and policy.workspace.backend == "overlay",
                                         guard=guard, unix_pairs_only=unix_pairs_only,
                                         listen=listen,
-                                        # a policy_fn may lower max_processes later
+                                        # a policy_fn seeing process events may lower
+                                        # max_processes later (it sees forks anyway)
                                         count_forks=bool(lim and lim.processes)
-                                        or policy.policy_fn is not None,
+                                        or "process" in policy.runtime_events,
                                         pin_cpus=bool(lim and lim.cores))
     workspace = policy.workspace is not None
     overlay = workspace and policy.workspace.backend == "overlay"

@@ -200,8 +200,8 @@ class Process:
         """A policy_fn's restrict_max_memory / restrict_max_processes (lower only)."""
         if processes is not None:
             if self._session.forks is None:
-                raise SandlockError("restrict_max_processes: forks are counted only in a "
-                                    "sandbox started with max_processes")
+                raise SandlockError("restrict_max_processes: forks are counted only with "
+                                    "max_processes or 'process' in policy_fn_events")
             self._session.forks.lower(processes)
         if memory is not None:
             current = self._session.policy.limits.memory if self._session.policy.limits \

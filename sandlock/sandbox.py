@@ -396,7 +396,8 @@ class Sandbox:
         if conf.landlock_log and self._user_handlers:
             from .supervisor.user_handlers import UserHandlers
             session.user_handlers = UserHandlers(dict(self._user_handlers), self._handler_bpf)
-        if (policy.limits is not None and policy.limits.processes) or runtime is not None:
+        if (policy.limits is not None and policy.limits.processes) or (
+                runtime is not None and "process" in policy.runtime_events):
             from .supervisor.forks import ForkBudget, UNLIMITED
             session.forks = ForkBudget(policy.limits.processes if policy.limits is not None
                                        and policy.limits.processes else UNLIMITED)
@@ -950,6 +951,9 @@ def _settled(pid: int, limit: float = 0.5) -> None:
 def _early_limits(session, early: dict, memory, processes) -> None:
     """A policy_fn's restrict_max_* before its Process exists (Process._lower_limits)."""
     if processes is not None:
+        if session.forks is None:
+            raise SandlockError("restrict_max_processes: forks are counted only with "
+                                "max_processes or 'process' in policy_fn_events")
         session.forks.lower(processes)
     if memory is not None:
         early["memory"] = min(memory, early.get("memory") or memory)

@@ -51,11 +51,14 @@ class ForkBudget:
         with self._lock:
             self.limit = min(self.limit, n)
             self._walked = -1.0
+            self._in_flight, self._since = [], 0  # counted afresh at the next fork
 
     def try_admit(self, tid: int) -> bool:
         """Let a fork through without counting the tree, if the last count is fresh and far
         from the limit; False if admit() must run. Never blocks (the supervisor's loop
         calls it): a budget another thread holds is left to admit()."""
+        if self.limit >= UNLIMITED:
+            return True  # nothing to count (yet): a policy_fn may lower it later
         if not self._lock.acquire(blocking=False):
             return False
         try:
