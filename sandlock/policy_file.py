@@ -161,9 +161,8 @@ def _path(value: str) -> str:
     return os.path.abspath(os.path.expanduser(value))
 
 
-def load_policy(path: str) -> LoadedPolicy:
-    """Read and check a policy file. Every error in it is reported at once, one line each
-    (file:line: key: problem), as a PolicyError whose message holds them all."""
+def compose(path: str):
+    """The policy file's YAML node tree (a mapping), or a PolicyError naming file:line."""
     import yaml
     try:
         with open(path, encoding="utf-8") as f:
@@ -178,6 +177,13 @@ def load_policy(path: str) -> LoadedPolicy:
         raise PolicyError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
     if not isinstance(root, yaml.MappingNode):
         raise PolicyError(f"{path}: a policy is a mapping with 'version: 1' at the top")
+    return root
+
+
+def load_policy(path: str) -> LoadedPolicy:
+    """Read and check a policy file. Every error in it is reported at once, one line each
+    (file:line: key: problem), as a PolicyError whose message holds them all."""
+    root = compose(path)
     out = LoadedPolicy(path)
     errors: list[str] = []
     seen = {}

@@ -155,3 +155,58 @@ def connect_in(sb, *targets):
     r = run_py(sb, CONNECT, *targets)
     assert r.success, r.stderr
     return json.loads(r.stdout)
+
+
+class WebRecorder:
+    """A plain HTTP server on 127.0.0.1 answering GET and POST with `reply`, recording
+    (method, path) of each request it received in full in `hits`."""
+
+    def __init__(self, reply: bytes = b"ok"):
+        import http.server
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                hits.append((self.command, self.path))
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+            do_GET = do_POST = _answer
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.socket.setblocking(False)  # never stuck in accept() at shutdown
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def paths(self) -> list[str]:
+        return [p for _, p in self.hits]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def web_recorder():
+    servers = []
+
+    def make(reply: bytes = b"ok"):
+        servers.append(WebRecorder(reply))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.close()
+
+
+def sandlock_cli(*args, cwd=None, timeout: float = 120):
+    """`python -m sandlock ARGS` with this checkout first on the path (text output)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "sandlock", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)

@@ -3,46 +3,24 @@ again — and no wider (a script that reads a sibling directory still fails unde
 
 from __future__ import annotations
 
-import http.server
 import os
-import subprocess
-import sys
-import threading
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import sandlock_cli
+
 PY = "/usr/bin/python3"
 
 
 def _cli(*args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "sandlock", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return sandlock_cli(*args, cwd=cwd)
 
 
 @pytest.fixture
-def web():
-    hits = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _reply(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            hits.append((self.command, self.path))
-            self.send_response(200)
-            self.send_header("Content-Length", "4")
-            self.end_headers()
-            self.wfile.write(b"data")
-        do_GET = do_POST = _reply
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    srv.hits = hits
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def web(web_recorder):
+    srv = web_recorder(b"data")
+    srv.server_address = ("127.0.0.1", srv.port)
+    return srv
 
 
 SCRIPT = """\

@@ -4,12 +4,10 @@ trialled on a live program; the filesystem stays enforced."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -23,25 +21,10 @@ FETCH = ("import sys, urllib.request as u\n"
 
 
 @pytest.fixture
-def web():
-    hits = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def do_GET(self):
-            hits.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    srv.hits = hits
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def web(web_recorder):
+    srv = web_recorder()
+    srv.server_address = ("127.0.0.1", srv.port)
+    return srv
 
 
 def test_refusals_are_recorded_and_allowed_files_stay_enforced(tmp_path, web):
@@ -67,7 +50,7 @@ def test_refusals_are_recorded_and_allowed_files_stay_enforced(tmp_path, web):
     out = r.stdout.decode().split()
     assert out[:3] == ["ok", "ok", "ok"], (r.stdout, r.stderr)
     assert out[3] == "failed"  # the file read: still refused
-    assert sorted(web.hits) == ["/admin", "/dns", "/tcp"]
+    assert sorted(web.paths()) == ["/admin", "/dns", "/tcp"]
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     would = [(x.get("protocol"), x.get("host") or x.get("address")) for x in recs
              if x["decision"] == "would-deny"]
@@ -85,7 +68,7 @@ def test_cli_and_yaml_say_report_only_loudly(tmp_path, web):
     r = subprocess.run([sys.executable, "-m", "sandlock", "run", "--policy", str(policy),
                         "--", PY, "-c", FETCH, f"http://127.0.0.1:{port}/yaml"], env=env,
                        capture_output=True, text=True, timeout=60)
-    assert r.stdout.strip() == "ok" and "/yaml" in web.hits, r.stderr
+    assert r.stdout.strip() == "ok" and "/yaml" in web.paths(), r.stderr
     assert "REPORT-ONLY" in r.stderr and "1 request(s) WOULD HAVE BEEN DENIED" in r.stderr
     r = subprocess.run([sys.executable, "-m", "sandlock", "why", f"{tmp_path}/a.jsonl"],
                        env=env, capture_output=True, text=True, timeout=60)

@@ -4,50 +4,25 @@ command and running it again: it then passes."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shlex
-import subprocess
-import sys
-import threading
 
 import pytest
 
-from conftest import PY
+from conftest import PY, sandlock_cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "sandlock", *args], env=env,
-                          capture_output=True, text=True, timeout=90)
+    return sandlock_cli(*args, timeout=90)
 
 
 @pytest.fixture
-def web():
-    hits = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _ok(self):
-            n = int(self.headers.get("Content-Length", 0))
-            self.rfile.read(n)
-            hits.append((self.command, self.path))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-        do_GET = do_POST = _ok
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    srv.hits = hits
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def web(web_recorder):
+    srv = web_recorder()
+    srv.server_address = ("127.0.0.1", srv.port)
+    return srv
 
 
 def test_why_suggests_a_fix_for_each_kind_that_works_when_applied(tmp_path, web):

@@ -93,21 +93,8 @@ def load(policy: str | None, policy_dir: str | None,
 # --- the YAML ------------------------------------------------------------------------------
 
 def _compose(path: str):
-    import yaml
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise PolicyError(f"{path}: {e.strerror}") from None
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else path
-        raise PolicyError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    if not isinstance(root, yaml.MappingNode):
-        raise PolicyError(f"{path}: a policy is a mapping with 'version: 1' at the top")
-    return root
+    from ..policy_file import compose
+    return compose(path)
 
 
 def _where(path: str, node, key: str | None = None) -> str:
