@@ -7,7 +7,6 @@ builds its kernel objects once, on first use; every run after that reuses them.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import os
 import threading
@@ -17,28 +16,15 @@ from typing import Any, Callable, Mapping, Sequence
 from . import confinement as _confinement
 from . import launch, syscall_filter
 from .errors import BranchError, PolicyError, SandboxError, SandlockError
-from .fs_rules import is_beneath
+from .modes import BranchAction, StdioMode, _action  # noqa: F401  (their home, upstream's)
 from .policy import Policy, build_policy
 from .process import Process
 from .result import Result
+from .run_setup import _CLEAN_ENV_KEEP, _DEFAULT_PATH  # noqa: F401  (clones, mcp use them)
+from .run_setup import (_early_limits, _environment, _find_executable, _settled, _stdio,
+                        _unwatch_later, _watch)
 from .supervisor.loop import Session, supervisor
-
-_CLEAN_ENV_KEEP = (b"PATH", b"HOME", b"TERM", b"LANG", b"LC_ALL", b"TZ", b"USER", b"LOGNAME",
-                   b"SHELL")
-_DEFAULT_PATH = b"/usr/local/bin:/usr/bin:/bin"
-
-
-class BranchAction(enum.Enum):
-    COMMIT = "commit"
-    ABORT = "abort"
-    KEEP = "keep"
-    DEFER = "defer"
-
-
-class StdioMode(enum.Enum):
-    INHERIT = "inherit"
-    PIPED = "piped"
-    NULL = "null"
+from .workspace_run import _Workspace
 
 
 @dataclass
@@ -710,264 +696,6 @@ def _argv(cmd) -> list[str]:
     return argv
 
 
-def _environment(policy: Policy, extra: dict[bytes, bytes]):
-    """The program's environment. Unchanged, it is os.environ itself (posix_spawn converts
-    it in C; copying it in Python costs more than the rest of a run's set-up)."""
-    if not (policy.clean_env or policy.env or extra):
-        return os.environ
-    environ = os.environb
-    if policy.clean_env:
-        env = {k: environ[k] for k in _CLEAN_ENV_KEEP if k in environ}
-        env.setdefault(b"PATH", _DEFAULT_PATH)
-    else:
-        env = dict(environ)
-    for k, v in policy.env:
-        env[os.fsencode(k)] = os.fsencode(v)
-    for k, v in extra.items():  # None: removed
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
-
-
-def _find_executable(name: str, path: str, cwd: str | None) -> str | None:
-    if "/" in name:
-        return name if os.path.isabs(name) or cwd is None else os.path.join(cwd, name)
-    for directory in path.split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def _stdio(stdin, stdout, stderr):
-    """(parent ends [in, out, err], child fds [0, 1, 2], fds to close after spawn)."""
-    parent = [-1, -1, -1]
-    child = [-1, -1, -1]
-    to_close: list[int] = []
-    devnull = -1
-    for i, mode in enumerate((stdin, stdout, stderr)):
-        if isinstance(mode, int) and not isinstance(mode, bool):
-            child[i] = mode  # a caller's fd
-        elif mode == StdioMode.PIPED:
-            r, w = os.pipe2(os.O_CLOEXEC)
-            parent[i], child[i] = (w, r) if i == 0 else (r, w)
-            to_close.append(child[i])
-        elif mode == StdioMode.NULL:
-            if devnull < 0:
-                devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-                to_close.append(devnull)
-            child[i] = devnull
-        elif mode != StdioMode.INHERIT:
-            raise TypeError(f"stdio mode must be a StdioMode or an fd, got {mode!r}")
-    return parent, tuple(child), to_close
-
-
-class _Workspace:
-    """A run's copy-on-write layer and what its outcome did with it."""
-
-    RELEASE_WAIT = 2.0  # seconds for the supervisor to see the last sandboxed task go
-
-    def __init__(self, layer, on_exit, on_error, max_disk):
-        self.layer = layer
-        self.on_exit, self.on_error = on_exit, on_error
-        self.max_disk = max_disk
-        self.changes: list = []
-        self.refused: list = []  # (change, reason) never applied (protected files)
-        self.action: BranchAction | None = None
-        self.pending = False
-        self.error: str | None = None
-
-    @classmethod
-    def start(cls, policy: Policy, on_exit, on_error, session) -> "_Workspace | None":
-        ws = policy.workspace
-        if ws is None:
-            return None
-        from . import cow
-        try:
-            layer = cow.create(ws.workdir, ws.storage, policy.name, ws.backend)
-        except OSError as e:
-            raise SandlockError(f"fs_storage: cannot create the copy-on-write layer in "
-                                f"{ws.storage}: {e.strerror}") from None
-        if ws.backend == "seccomp":  # the supervisor serves the workdir's path calls
-            session.cow = layer
-            session.cow_max_disk = ws.max_disk
-        return cls(layer, _action(on_exit, "on_exit"), _action(on_error, "on_error"),
-                   ws.max_disk)
-
-    @property
-    def run_rules(self) -> dict | None:
-        """Landlock rules of this run's own (the seccomp backend's layer: its upper tree is
-        read and executed by the kernel for exec and chdir re-issued there; never written
-        but by the supervisor)."""
-        if getattr(self.layer, "backend", None) == "overlay":
-            return None
-        from .fs_rules import READ_RIGHTS
-        return {self.layer.upper: READ_RIGHTS}
-
-    @property
-    def overlay(self) -> tuple[str, str, str] | None:
-        """(lower, upper, work) for the trampoline's overlay mount (overlay backend)."""
-        layer = self.layer
-        if getattr(layer, "backend", None) != "overlay":
-            return None
-        return layer.lower, layer.upper, layer.work
-
-    def finish(self, session, success: bool) -> None:
-        """Apply on_exit or on_error once every sandboxed task is gone."""
-        from . import cow
-        action = self.on_exit if success else self.on_error
-        if not session.released.wait(self.RELEASE_WAIT):
-            # A task of the sandbox still runs (nothing may change the layer during a diff
-            # or a commit): leave the layer as it is.
-            self.action = BranchAction.KEEP
-            self.error = (f"sandboxed processes were still running after the program ended; "
-                          f"{action.value} not done, layer kept in {self.layer.root}")
-            return
-        try:
-            self.changes = cow.diff(self.layer)
-            self._refuse_protected(session)
-            if self.max_disk is not None and action == BranchAction.COMMIT:
-                used = self.layer.usage()
-                if used > self.max_disk:
-                    action = BranchAction.ABORT
-                    self.error = (f"the workspace used {used} bytes, over max_disk "
-                                  f"({self.max_disk}): changes discarded")
-            self._apply(action)
-        except Exception as e:  # never lose the layer on a failure: keep it for a retry
-            self.action = BranchAction.KEEP
-            self.error = f"copy-on-write {action.value} failed: {e}; layer kept in " \
-                         f"{self.layer.root}"
-
-    def _refuse_protected(self, session) -> None:
-        """Changes to the user's protected files (protect_user_files) are never applied:
-        inside the workdir the sandbox wrote to its layer, so they are refused here, at
-        the commit, and listed in `refused`."""
-        prot = session.protection
-        if prot is None:
-            return
-        kept, held = [], []  # held: directories kept whole (their replacement refused)
-        for change in self.changes:
-            real = os.path.join(self.layer.lower, change.path)
-            why = prot.refusal(real)
-            replaced = change.action == "deleted" or (
-                change.before is not None and change.after is not None
-                and change.before.kind != change.after.kind)  # .git dir -> a gitfile
-            if why is None and replaced:
-                why = prot.moves(real)
-                if why is not None:
-                    held.append(real)
-            if why is None:
-                kept.append(change)
-            else:
-                self.refused.append((change, why))
-        if held:  # nothing beneath a directory kept whole changes either
-            inside = [c for c in kept if any(
-                is_beneath(os.path.join(self.layer.lower, c.path), h) for h in held)]
-            kept = [c for c in kept if c not in inside]
-            self.refused += [(c, f"it lies in {h}, which is kept whole") for c in inside
-                             for h in held[:1]]
-        if self.refused:
-            self.changes = kept
-            first = self.refused[0][1]
-            self.error = (f"{len(self.refused)} change(s) to protected files not applied "
-                          f"(e.g. {first})")
-
-    def _apply(self, action: BranchAction) -> None:
-        from . import cow
-        self.action = action
-        if action == BranchAction.COMMIT:
-            cow.commit(self.layer, self.changes)
-        elif action == BranchAction.ABORT:
-            self.layer.discard()
-        elif action == BranchAction.DEFER:
-            self.pending = True
-
-    def commit(self) -> None:
-        """Apply a deferred run's changes to the workdir."""
-        if not self.pending:
-            raise SandlockError("nothing to commit: the run's outcome was not DEFER, or it "
-                                "was already committed or aborted")
-        from . import cow
-        cow.commit(self.layer, self.changes)
-        self.pending = False
-        self.action = BranchAction.COMMIT
-
-    def abort(self) -> None:
-        """Discard a deferred run's changes."""
-        if not self.pending:
-            raise SandlockError("nothing to abort: the run's outcome was not DEFER, or it "
-                                "was already committed or aborted")
-        self.layer.discard()
-        self.pending = False
-        self.action = BranchAction.ABORT
-
-    def report(self, result: Result) -> None:
-        result.changes = list(self.changes)
-        result.pending = self.pending
-        result.workspace = self
-        if self.action == BranchAction.KEEP:
-            result.kept = self.layer.root
-        if self.error:
-            result.error = f"{result.error}; {self.error}" if result.error else self.error
-
-
-def _watch(recorder, pid: int) -> None:
-    from .supervisor import landlock_audit
-    landlock_audit.watch(pid, recorder)
-
-
-def _unwatch_later(pid: int, delay: float = 0.5) -> None:
-    """The kernel's audit thread delivers records shortly after the fact: wait a little for
-    the last ones before the Result is made, and stop mapping the program's Landlock
-    domain later still."""
-    import time
-    from .supervisor import landlock_audit
-    time.sleep(FLUSH_AUDIT)
-    t = threading.Timer(delay, landlock_audit.unwatch, (pid,))
-    t.daemon = True
-    t.start()
-
-
-FLUSH_AUDIT = 0.03  # seconds
-
-
-def _settled(pid: int, limit: float = 0.5) -> None:
-    """Until the held program waits for its start (asleep), at most `limit` seconds: what
-    create() hands back is a parked process, as upstream's."""
-    import time
-    from ._kernel import procstat
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        try:
-            if procstat.fields(procstat.read(f"/proc/{pid}/stat"))[procstat.STATE] != b"R":
-                return
-        except (OSError, ValueError):
-            return
-        time.sleep(0.001)
-
-
-def _early_limits(session, early: dict, memory, processes) -> None:
-    """A policy_fn's restrict_max_* before its Process exists (Process._lower_limits)."""
-    if processes is not None:
-        if session.forks is None:
-            raise SandlockError("restrict_max_processes: forks are counted only with "
-                                "max_processes or 'process' in policy_fn_events")
-        session.forks.lower(processes)
-    if memory is not None:
-        early["memory"] = min(memory, early.get("memory") or memory)
-        import resource
-        from .process_tree import members
-        for pid in members(session.root) if session.root else ():
-            try:  # lower only
-                soft, hard = resource.prlimit(pid, resource.RLIMIT_DATA)
-                if hard == resource.RLIM_INFINITY or hard > early["memory"]:
-                    resource.prlimit(pid, resource.RLIMIT_DATA, (early["memory"],) * 2)
-            except OSError:
-                pass
-
-
 class _NotAHandler(TypeError, AttributeError):
     """A handlers entry that is no Handler: a TypeError, and the AttributeError upstream
     raises for it (its handle/on_exception are missing)."""
@@ -987,16 +715,6 @@ def _resolve_syscall(value) -> int:
         return syscall_number(value)
     except ValueError:
         raise ValueError(f"unknown syscall {value!r}") from None
-
-
-def _action(value, field_name: str) -> BranchAction:
-    if isinstance(value, BranchAction):
-        return value
-    try:
-        return BranchAction(value)
-    except ValueError:
-        raise PolicyError(f"{field_name}: expected one of commit, abort, keep, defer, got "
-                          f"{value!r}") from None
 
 
 def landlock_abi_version() -> int:
