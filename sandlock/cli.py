@@ -274,7 +274,7 @@ def _run(a, net_run: bool = False) -> int:
         proc.close()
     if sb.policy.report_only:
         net = sb._net
-        n = net.would_deny if net is not None else 0
+        n = (net.would_deny if net is not None else 0) + proc.would_deny
         where = f"; `sandlock why {sb.audit.path}`" if sb.audit is not None else \
             " (add --audit FILE to keep them)"
         _say(f"REPORT-ONLY: nothing on the network was refused; {n} request(s) WOULD HAVE "

@@ -416,6 +416,12 @@ class Process:
         self.close()
 
     @property
+    def would_deny(self) -> int:
+        """Report-only: the policy_fn's refusals let through."""
+        rt = self._session.runtime
+        return rt.would_deny if rt is not None else 0
+
+    @property
     def denials(self) -> list[dict]:
         return list(self._session.denials)
 

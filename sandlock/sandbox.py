@@ -363,6 +363,7 @@ class Sandbox:
             from .supervisor.runtime import Runtime
             runtime = Runtime(policy.policy_fn, policy.policy_fn_timeout,
                               policy.runtime_events, self._audit_log(), policy.name)
+            runtime.report_only = policy.report_only
         session = Session(policy, policy.name, net, runtime)
         on_program = None
         if conf.landlock_log:

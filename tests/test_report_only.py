@@ -78,3 +78,28 @@ def test_cli_and_yaml_say_report_only_loudly(tmp_path, web):
     r = subprocess.run([sys.executable, "-m", "sandlock", "policy", "check", str(bad)],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 125 and f"{bad}:2: mode: expected enforce or report" in r.stderr
+
+
+def test_a_policy_fn_refusal_is_recorded_and_allowed(tmp_path):
+    """policy_fn verdicts too: an exec the callback refuses runs, recorded as would-deny;
+    a callback that raises still denies (no verdict is no permission)."""
+    log = tmp_path / "audit.jsonl"
+
+    def no_true(event, ctx):
+        if event.syscall == "execve" and (event.path or "").endswith("/true"):
+            return True  # refuse
+    r = sandbox(policy_fn=no_true, report_only=True, audit_log=str(log)).run(
+        ["/bin/sh", "-c", "/bin/true && echo ran"], timeout=30)
+    assert r.stdout == b"ran\n", r.stderr
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["decision"] for x in recs if x.get("rule") == "policy_fn"] == ["would-deny"]
+    r = sandbox(policy_fn=no_true).run(["/bin/sh", "-c", "/bin/true && echo ran"],
+                                       timeout=30)
+    assert r.stdout == b""  # enforced: the control
+
+    def broken(event, ctx):
+        if event.syscall == "execve" and (event.path or "").endswith("/true"):
+            raise RuntimeError("boom")
+    r = sandbox(policy_fn=broken, report_only=True).run(
+        ["/bin/sh", "-c", "/bin/true && echo ran"], timeout=30)
+    assert r.stdout == b""

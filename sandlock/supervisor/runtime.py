@@ -238,6 +238,8 @@ class Runtime:
         self.denied_paths = DeniedPaths()  # truthy while any path is denied
         self.flagged: list[dict] = []
         self.on_limits = None  # set by the sandbox once started: lowers its limits
+        self.report_only = False  # refusals recorded as would-deny, allowed (mode: report)
+        self.would_deny = 0
         self.ctx = PolicyContext(self)
         self._worker: _CallbackThread | None = None
         self._order = threading.Lock()  # guards _worker; its queue keeps arrival order
@@ -273,6 +275,12 @@ class Runtime:
         if kind == "error":
             return self._failed(event, f"policy_fn raised {value!r}")
         verdict = verdict_of(value)
+        if not verdict.allow and self.report_only:
+            # Report-only: the callback's refusal is recorded, and the call goes on (a
+            # callback that fails or overruns still denies: that is no verdict).
+            self.would_deny += 1
+            self.record(event, "would-deny", verdict.reason, verdict.errno)
+            return Verdict(True)
         if not verdict.allow:
             self.record(event, "deny", verdict.reason, verdict.errno)
         elif verdict.flagged:
