@@ -52,8 +52,10 @@ class HttpContext:
 
 
 class Refusal(Exception):
-    def __init__(self, status: int, reason: str, rule: str = "default:deny", **fields):
+    def __init__(self, status: int, reason: str, rule: str | None = None, **fields):
         super().__init__(reason)
+        if rule is None:  # a request no rule could allow is malformed, not refused by one
+            rule = "default:malformed" if status == 400 else "default:deny"
         self.status, self.reason, self.rule, self.fields = status, reason, rule, fields
 
 

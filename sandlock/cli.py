@@ -277,8 +277,9 @@ def _run(a, net_run: bool = False) -> int:
         n = (net.would_deny if net is not None else 0) + proc.would_deny
         where = f"; `sandlock why {sb.audit.path}`" if sb.audit is not None else \
             " (add --audit FILE to keep them)"
-        _say(f"REPORT-ONLY: nothing on the network was refused; {n} request(s) WOULD HAVE "
-             f"BEEN DENIED{where}")
+        _say(f"REPORT-ONLY: refusals by the network rules and the policy_fn were let "
+             f"through; {n} request(s) WOULD HAVE BEEN DENIED{where} (files, unix sockets "
+             f"and malformed requests stay enforced)")
     elif net_run:
         _net_run_summary(sb)
     else:
@@ -321,7 +322,8 @@ def _denials_hint(sb, proc) -> None:
     files = explain(d for d in proc.denials if d.get("protocol") == "file")
     for e in files[:5]:  # --explain without --audit: the few first, here
         fix = e.get("fix")
-        _say(f"denied {e['denied']}" + (f" (allow with {fix['flag']})" if fix else ""))
+        _say(f"denied {e['denied']}" + (f" (allow with {fix['flag']}" + (
+            f"; {fix['note']}" if fix.get("note") else "") + ")" if fix else ""))
     if len(files) > 5:
         _say(f"... {len(files) - 5} more: pass --audit FILE and run `sandlock why FILE`")
 

@@ -5,12 +5,14 @@ The learning run: reads allowed everywhere but the user's secrets (still hidden:
 one is listed, never granted) and observed (supervisor.explain, every path call); writes
 captured in a copy-on-write layer of the working directory, discarded at the end; the
 network, DNS and HTTP in report-only mode (every connection and request recorded as it
-would have been refused, and let through). Nothing the command does outlives the run but
-what it sent over the network.
+would have been refused, and let through; unix sockets stay refused). Nothing the command
+does outlives the run but what it sent over the network, and what it wrote where a base
+policy (-p) grants writing: those grants are real.
 
 The policy written: `filesystem.system: true` for the system directories; other reads
-grouped to the directories the files were in (the file itself where that directory is the
-home directory or /); writes to the directories files were created in (the files
+grouped to the directories the files were in (the file itself where that directory is too
+wide: /, the home directory, /tmp, or one holding a secret); never a secret, never a
+directory too wide to write in; names the program chose escaped in every comment; writes to the directories files were created in (the files
 themselves when only existing files were written); each destination by the name it was
 reached through (`host:port`), HTTP requests as exact rules; a comment on each line says
 what needed it. What learn refused to grant is listed at the top.
@@ -61,14 +63,35 @@ def run_learning(cmd, base_fields: dict, cwd: str, timeout: float | None):
     return result, sink, records
 
 
-def _group_reads(paths, home: str) -> dict[str, list[str]]:
-    """Directory (or file) to grant -> the files that needed it."""
+def _comment(text: str) -> str:
+    """Text the program chose (file and program names), safe inside a YAML comment: no
+    line break or control character can end the comment and add a key."""
+    from netpolicy.text import printable
+    return printable(str(text)).replace("\n", " ").replace("\r", " ")
+
+
+def _too_wide(path: str, home: str, secrets) -> bool:
+    """A directory never granted whole: /, the home directory, /tmp, /var/tmp, and any
+    directory that holds a secret or persistence vector of the user's."""
+    return path in ("/", "", home, "/tmp", "/var/tmp", "/root", "/home") or any(
+        _beneath(s, path) for s in secrets)
+
+
+def _group_reads(paths, home: str, secrets=()) -> tuple[dict[str, list[str]], list[str]]:
+    """(directory or file to grant -> the files that needed it, listings not granted)."""
     out: dict[str, list[str]] = {}
+    skipped = []
     for p in sorted(paths):
         parent = os.path.dirname(p)
         # A directory read (listed, or opened as a directory) is granted itself; a file,
-        # with the directory it is in (unless that is the home directory or /).
-        target = p if os.path.isdir(p) or parent in (home, "/", "") else parent
+        # with the directory it is in, unless that directory is too wide (then the file).
+        if os.path.isdir(p):
+            if _too_wide(p, home, secrets):
+                skipped.append(p)
+                continue
+            target = p
+        else:
+            target = p if _too_wide(parent, home, secrets) else parent
         out.setdefault(target, []).append(p)
     # A grant beneath another adds nothing.
     keep = {t: v for t, v in out.items()
@@ -77,7 +100,7 @@ def _group_reads(paths, home: str) -> dict[str, list[str]]:
         if t not in keep:
             owner = next(o for o in keep if _beneath(t, o))
             keep[owner] += v
-    return keep
+    return keep, skipped
 
 
 def build_policy(result, observed, records, cwd: str, base_fields: dict) -> tuple[str, dict]:
@@ -92,42 +115,56 @@ def build_policy(result, observed, records, cwd: str, base_fields: dict) -> tupl
         if any(_beneath(path, n) for n in NEVER):
             continue
         if any(_beneath(path, s) for s in secrets):
-            refused.append(f"{access} {path} (by {prog}): a secret or persistence vector of "
-                           f"the user's")
+            refused.append(f"{access} {_comment(path)} (by {_comment(prog)}): a secret or "
+                           f"persistence vector of the user's")
             continue
         if access == "read" or access == "execute":
             if any(_beneath(path, s) for s in SYSTEM):
                 continue
             if os.path.exists(path):  # reads of what does not exist need no grant
                 reads.add(path)
-                why.setdefault(path, f"{access} by {prog}")
+                why.setdefault(path, f"{access} by {_comment(prog)}")
         elif access == "create":
-            creates.add(os.path.dirname(path))
-            made.setdefault(os.path.dirname(path), f"create {os.path.basename(path)} by "
-                                                   f"{prog}")
+            where = os.path.dirname(path)
+            if _too_wide(where, home, secrets):
+                refused.append(f"create {_comment(path)} (by {_comment(prog)}): granting "
+                               f"{_comment(where)} whole would be too wide")
+                continue
+            creates.add(where)
+            made.setdefault(where, f"create {_comment(os.path.basename(path))} by "
+                                   f"{_comment(prog)}")
         else:
             writes.add(path)
-            why.setdefault(path, f"{access} by {prog}")
+            why.setdefault(path, f"{access} by {_comment(prog)}")
     write_grants = sorted(creates) + sorted(w for w in writes
                                             if not any(_beneath(w, c) for c in creates))
-    read_grants = {t: v for t, v in _group_reads(reads, home).items()
+    grouped, skipped = _group_reads(reads, home, secrets)
+    read_grants = {t: v for t, v in grouped.items()
                    if not any(_beneath(t, w) for w in write_grants)}
+    refused += [f"listing {_comment(p)}: granting it whole would be too wide"
+                for p in skipped]
     # The network: what report-only recorded, by name where the program used one.
     allow, http, private = {}, {}, False
     for rec in records:
         if rec.get("decision") != "would-deny":
             continue
         host, port, proto = rec.get("host"), rec.get("port"), rec.get("protocol")
-        try:
-            import ipaddress
-            ip = ipaddress.ip_address(str(rec.get("address")))
-            private = private or not ip.is_global
-        except ValueError:
-            pass
+        if host:  # a name reaching a private address: only allow_private lets rules do that
+            try:
+                import ipaddress
+                ip = ipaddress.ip_address(str(rec.get("address")))
+                private = private or not ip.is_global
+            except ValueError:
+                pass
         if proto in ("http", "https") and rec.get("method"):
             target = host or rec.get("address")
             spec = f"{target}:{port}" if port not in (80, 443, None) else target
-            http[f"{rec['method']} {spec}{rec.get('path') or '/'}"] = "requested"
+            path = rec.get("path") or "/"
+            if "*" in path or any(c.isspace() for c in path):
+                refused.append(f"{_comment(rec['method'])} {_comment(spec)}"
+                               f"{_comment(path)}: a path no rule can name exactly")
+            else:
+                http[f"{rec['method']} {spec}{path}"] = "requested"
             allow.setdefault(f"{target}:{port}", f"{proto} request")
         elif proto == "tls":
             allow.setdefault(f"{host or rec.get('address')}:{port}", "TLS connection")
@@ -138,15 +175,17 @@ def build_policy(result, observed, records, cwd: str, base_fields: dict) -> tupl
             spec = f"{addr}:{port}" if proto == "tcp" else f"udp://{addr}:{port}"
             allow.setdefault(spec, f"{proto} connection")
     fields: dict = {}
-    lines = ["# Learnt by `sandlock learn` (" + (" ".join(result.argv) if hasattr(result, "argv")
-                                               else "the command") + ")"]
+    argv = " ".join(result.argv) if hasattr(result, "argv") else "the command"
+    lines = [f"# Learnt by `sandlock learn` ({_comment(argv)})"]
     for r in refused:
         lines.append(f"# NOT GRANTED: {r}")
-    lines += ["version: 1", "filesystem:", "  system: true  # /usr, /etc, /lib ... read-only"]
+    lines += ["version: 1", "filesystem:", "  system: true  # /usr, /etc, /lib ... read-only",
+              "  protect: true  # the user's secrets hidden, startup files kept, always"]
     if read_grants:
         lines.append("  read:")
         for t, files in sorted(read_grants.items()):
-            shown = ", ".join(os.path.relpath(f, t) if f != t else os.path.basename(f)
+            shown = ", ".join(_comment(os.path.relpath(f, t) if f != t else
+                                       os.path.basename(f))
                               for f in files[:3]) + (" ..." if len(files) > 3 else "")
             lines.append(f"    - {json.dumps(t)}  # read: {shown}")
         fields["fs_readable"] = sorted(read_grants)
@@ -163,8 +202,8 @@ def build_policy(result, observed, records, cwd: str, base_fields: dict) -> tupl
                 lines.append(f"    - {json.dumps(spec)}  # {what}")
             fields["net_allow"] = list(allow)
         if private:
-            lines.append("  allow_private: true  # a destination is a private or loopback "
-                         "address")
+            lines.append("  allow_private: true  # a name the program used resolves to a "
+                         "private or loopback address")
             fields["net_allow_private"] = True
     dns = base_fields.get("dns_servers")
     if dns and allow:

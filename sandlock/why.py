@@ -18,7 +18,7 @@ _FORMS = {
     "filesystem.read": ("-r", "filesystem", "read"),
     "filesystem.write": ("-w", "filesystem", "write"),
 }
-_NO_FIX = ("default:framing", "default:quota", "default:size", "default:upstream-tls",
+_NO_FIX = ("default:framing", "default:malformed", "default:quota", "default:size", "default:upstream-tls",
            "default:path", "default:protocol", "default:credential-echo", "policy_fn",
            "credential:", "fs_denied:")
 

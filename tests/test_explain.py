@@ -121,3 +121,9 @@ def test_landlock_reports_its_own_refusals_where_the_audit_stream_is_readable(
     # never attributed to this one.
     r = sandbox().run(["cat", f"{data}/in.txt"], timeout=30)
     assert r.denials == []
+    # Each run's domains are forgotten after it (found by review: they were kept, and the
+    # sessions with them).
+    import time
+    from sandlock.supervisor import landlock_audit
+    time.sleep(0.8)
+    assert landlock_audit._watched == {} and landlock_audit._domains == {}

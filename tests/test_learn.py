@@ -72,3 +72,32 @@ def test_learn_writes_a_policy_that_passes_and_is_no_wider(tmp_path, web):
              f"import urllib.request as u; u.urlopen(u.Request("
              f"'http://api.test:{port}/v1/delete', data=b'x'))", cwd=work)
     assert r.returncode != 0 and ("POST", "/v1/delete") not in web.hits
+
+
+def test_a_learnt_policy_cannot_be_written_by_the_program_nor_made_too_wide(tmp_path,
+                                                                           monkeypatch):
+    """Found by review: a file name with a line break added a key to the learnt YAML
+    (`write: ["~"]`), and listing or creating in the home directory granted it whole."""
+    import yaml
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    for p in (tmp_path, home, work):
+        os.chmod(p, 0o777)
+    monkeypatch.setenv("HOME", str(home))
+    evil = 'a\n    - "~"  #'
+    learnt = tmp_path / "learnt.yaml"
+    r = _cli("learn", "-o", str(learnt), "--", PY, "-c",
+             f"import os\nopen({evil!r}, 'w').write('x')\n"
+             f"for op in (lambda: os.listdir({str(home)!r}),\n"
+             f"           lambda: open({str(home / 'new.txt')!r}, 'w')):\n"
+             f"    try:\n        op()\n    except OSError:\n        pass\n", cwd=work)
+    text = learnt.read_text()
+    policy = yaml.safe_load(text)  # parses, and holds only what was written on purpose
+    fs = policy["filesystem"]
+    assert fs.get("write") == [str(work)], text
+    assert "/" not in (fs.get("read") or []) and str(home) not in (fs.get("read") or [])
+    assert fs["protect"] is True
+    assert f"# NOT GRANTED: listing {home}" in text, text
+    assert f"granting {home} whole" in text, (text, r.stderr)

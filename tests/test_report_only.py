@@ -103,3 +103,38 @@ def test_a_policy_fn_refusal_is_recorded_and_allowed(tmp_path):
     r = sandbox(policy_fn=broken, report_only=True).run(
         ["/bin/sh", "-c", "/bin/true && echo ran"], timeout=30)
     assert r.stdout == b""
+
+
+def test_unix_sockets_stay_refused(tmp_path):
+    """Found by review: report-only let a sandbox reach any unix socket (docker.sock, an
+    ssh agent) through the supervisor. They stay refused; a granted one works."""
+    import socket
+    import threading
+    path = str(tmp_path / "svc.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(4)
+    os.chmod(tmp_path, 0o777)
+    os.chmod(path, 0o777)
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            c.sendall(b"hi")
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    code = (f"import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({path!r})"
+            f"\n    print(s.recv(2).decode())\nexcept OSError as e:\n    print('err', e.errno)")
+    try:
+        r = sandbox(report_only=True).run([PY, "-c", code], timeout=30)
+        assert r.stdout.split()[0] == b"err" and accepted == [], r.stdout
+        r = sandbox(report_only=True, net_allow_unix=[path]).run([PY, "-c", code],
+                                                                 timeout=30)
+        assert r.stdout == b"hi\n" and accepted == [1]
+    finally:
+        srv.close()

@@ -110,6 +110,8 @@ class Explainer:
                        root=root) if text else None
         if path is not None and access == "create" and os.path.lexists(root + path):
             access = "write"  # O_CREAT on what exists creates nothing
+        elif path is not None and access != "create" and not os.path.lexists(root + path):
+            return  # ENOENT, not a refusal (a probe of what is not there)
         if path is not None and self.sink is not None and (path, access) not in self.observed \
                 and len(self.observed) < MAX_OBSERVED:
             self.observed.add((path, access))

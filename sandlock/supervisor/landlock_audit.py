@@ -58,9 +58,11 @@ def watch(pid: int, recorder) -> None:
 
 
 def unwatch(pid: int) -> None:
+    """Forget a finished program: its pid, and the domains filed under it (a later record
+    of theirs, or of a process that reused the pid, is no longer this run's)."""
     with _lock:
-        _watched.pop(pid, None)
-        for d in [d for d, r in _domains.items() if r is None or r is _watched.get(pid)]:
+        recorder = _watched.pop(pid, None)
+        for d in [d for d, r in _domains.items() if r is recorder]:
             _domains.pop(d, None)
 
 

@@ -272,13 +272,11 @@ def unix_target(req, session, syscall, dest) -> int:
     grants = session.net.unix_allow
     if "*" in grants or any(is_beneath(real, g) for g in grants):
         return fd
-    try:
-        refuse(req, session, syscall, f"unix socket {real} is not in net_allow_unix",
-               protocol="unix", path=real, rule="default:unix")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd  # report-only: it would have been refused
+    os.close(fd)
+    # Refused in report-only too: a unix socket reaches local services (docker.sock, an
+    # ssh agent, D-Bus) with the supervisor's reach, not a remote host.
+    deny(req, session, syscall, f"unix socket {real} is not in net_allow_unix",
+         protocol="unix", path=real, rule="default:unix")
 
 
 def proc_fd_sockaddr(target_fd: int) -> bytes:
@@ -314,5 +312,5 @@ def abstract_granted(req, session, syscall, dest) -> None:
     name = "@" + dest.raw[3:].split(b"\0", 1)[0].decode("latin-1")
     grants = session.net.unix_allow
     if "*" not in grants and name not in grants:
-        refuse(req, session, syscall, f"abstract unix socket {name} is not in net_allow_unix",
-               errno.EPERM, protocol="unix", path=name, rule="default:unix")
+        deny(req, session, syscall, f"abstract unix socket {name} is not in net_allow_unix",
+             errno.EPERM, protocol="unix", path=name, rule="default:unix")
