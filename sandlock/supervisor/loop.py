@@ -387,13 +387,18 @@ class Supervisor:
             return
         if session.user_handlers is not None and req.nr in session.user_handlers:
             fields = (notif.flags, notif.data.arch, notif.data.instruction_pointer)
-            if session.user_handlers.inline(req.nr) and session.runtime is None:
+            if session.user_handlers.inline(req.nr):
                 # sandlock's own recorders (explain): quick, never blocking, on this thread
-                self._run_user(req, session, name, handler, fields)
+                self._run_user(req, session, name, handler, fields, inline=True)
             else:  # the user's code: on workers of its own (supervisor.user_handlers)
                 self._submit(req, session, self._run_user, req, session, name, handler,
                              fields, pool=self._handler_pool())
             return
+        self._builtin(req, session, name, handler)
+
+    def _builtin(self, req, session, name, handler) -> None:
+        """The policy's own handling of a call, from the notification loop: what blocks
+        goes to a worker."""
         if session.runtime is not None and name in HELD:
             self._submit(req, session, self._run_held, req, session, name, handler)
             return
@@ -536,9 +541,10 @@ class Supervisor:
         else:
             self._send(req, session, result)
 
-    def _run_user(self, req, session, name, handler, fields) -> None:
-        """A call with custom handlers (supervisor.user_handlers), on this worker: theirs
-        first; then, if they all continue, the policy's own handling, as without them."""
+    def _run_user(self, req, session, name, handler, fields, inline: bool = False) -> None:
+        """A call with custom handlers (supervisor.user_handlers), on a worker (or, for
+        sandlock's own quick recorders, `inline` on the loop): theirs first; then, if they
+        all continue, the policy's own handling, as without them."""
         from . import user_handlers
 
         def decide():
@@ -555,7 +561,9 @@ class Supervisor:
             return
         sends = self._complete(req, session, name,
                                lambda: user_handlers.policy_sends(session, req, fields))
-        if sends is True:
+        if sends is True and inline:
+            self._builtin(req, session, name, handler)  # as if no handler were there
+        elif sends is True:
             self._run_held(req, session, name, handler)
         else:  # the kernel performs it (or an error replaying the filter refuses it)
             self._send(req, session, CONTINUE if sends is False else sends)
