@@ -93,7 +93,6 @@ def test_fan_in_each_producer_under_its_own_policy_read_by_name(tmp_path):
 
 
 def test_fan_in_timeout_bounds_every_stage():
-    from sandlock import Gather  # noqa: F401  (the operators build it)
     slow = sandbox().cmd(["sleep", "60"]).as_("slow")
     fast = sandbox().cmd(["echo", "x"]).as_("fast")
     consumer = sandbox().cmd(["cat"])
