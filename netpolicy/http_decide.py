@@ -229,7 +229,9 @@ def decide_request(ctx: HttpContext, req: h11.Request) -> Decided:
         would = refusal  # report-only: recorded by the caller, then forwarded
     keep = [(n, v) for n, v in headers if n not in _HOP_BY_HOP and n != b"host"]
     applied = None
-    if ctx.credentials is not None:  # only now: the request passed the rules
+    # Only now, and only for a request the rules passed (report-only lets a refused one
+    # through, never with a secret).
+    if ctx.credentials is not None and would is None:
         from .credentials import Refused
         try:
             applied = ctx.credentials.apply(method, host, path, ctx.port, query, qs, hdrs,

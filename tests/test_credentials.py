@@ -623,3 +623,20 @@ def test_echoes_in_other_spellings_are_masked_too(web, tmp_path, token, monkeypa
     assert seen["/v1/echo"]["accept-encoding"] == "identity"  # uncompressed,
     assert seen["/h/1"]["authorization"] == "Basic " + b64.b64encode(
         f"x:{token}".encode()).decode()                # and the placeholder swapped
+
+
+def test_report_only_lets_a_refused_request_through_without_the_secret(web, tmp_path,
+                                                                        token):
+    """Found by review: in report-only, a request the HTTP rules would refuse was forwarded
+    with the credential its auth rule names. It goes through (recorded), bare."""
+    tls, _, _, _ = web
+    sb = _sb(web, tmp_path, ["GET api.test/v1/* bearer TOK"],
+             http_allow=["GET api.test/v1/ok"], report_only=True)
+    base = f"https://api.test:{tls.port}"
+    r = sb.run(["/bin/sh", "-c", f"curl -sS {base}/v1/ok; echo; curl -sS {base}/v1/no"],
+               timeout=60)
+    assert r.stdout.decode().split() == ["ok", "/v1/ok", "ok", "/v1/no"], r.stderr
+    seen = {p: a for _, p, _, a, _ in tls.seen}
+    assert seen == {"/v1/ok": [f"Bearer {token}"], "/v1/no": []}
+    assert any(x["decision"] == "would-deny" and x.get("path") == "/v1/no"
+               for x in _records(tmp_path))

@@ -31,6 +31,7 @@ CALLS = {
 }
 MAX_RECORDS = 256
 MAX_OBSERVED = 20000  # sandlock learn: distinct accesses kept
+MAX_COMPONENTS = 64   # paths longer than this are not explained
 
 
 def _exe(pid: int) -> str:
@@ -101,6 +102,8 @@ class Explainer:
         dirfd_arg, path_arg, what = CALLS[name]
         raw = req.read_path(path_arg)
         text = os.fsdecode(raw)
+        if text.count("/") > MAX_COMPONENTS:
+            return  # an explanation is not worth a long walk on the loop thread
         dirfd = req.arg_int(dirfd_arg) if dirfd_arg is not None else AT_FDCWD
         tgid, _ = req.process_ids()
         base = "/" if text.startswith("/") else directory_of(req.pid, dirfd, AT_FDCWD)
