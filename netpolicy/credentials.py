@@ -352,7 +352,7 @@ class Credentials:
                     # What went out holds the secret in a spelling of the client's making
                     # (inside a Basic value, say): mask that spelling in echoes too.
                     wire.add(swapped)
-                    wire.update(t for t in swapped.split() if len(t) >= 8)
+                    wire.update(set(swapped.split()) - set(value.split()))  # what changed
                     value = swapped
                 elif ph.decode() in _plain(value.decode("latin-1")) and cred not in usable:
                     refuse(cred, f"header {name.decode('latin-1')} (encoded)")
