@@ -85,6 +85,56 @@ def test_a_fork_bomb_never_exceeds_max_processes():
     assert 15 <= peak[0] <= 20, peak  # it reached the limit, never past it
 
 
+THREADED_BOMB = r"""
+import os, threading, time
+def forker():
+    while True:
+        try:
+            if os.fork() == 0:
+                time.sleep(0.3)
+                os._exit(0)
+        except OSError:
+            time.sleep(0.001)
+for _ in range(3):
+    threading.Thread(target=forker, daemon=True).start()
+forker()
+"""
+
+
+def _peak_members(proc, seconds):
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], len(members(proc.root)))
+    t = threading.Thread(target=watch)
+    t.start()
+    time.sleep(seconds)
+    stop.set()
+    t.join()
+    return peak[0]
+
+
+def test_forks_continued_in_c_stay_within_max_processes():
+    """Far from the limit the supervisor lends the C fast path forks it has already counted
+    (supervisor/forks.py): four threads of every process forking at once, some let through
+    in C and some in Python, never take the tree past the limit."""
+    from sandlock.supervisor.fastpath import fast_path
+    fast = fast_path()
+    before = fast.stats()["forks_continued"] if fast else 0
+    proc = sandbox(max_processes=60).popen([PY, "-c", THREADED_BOMB], stdout=StdioMode.NULL,
+                                           stderr=StdioMode.NULL)
+    try:
+        peak = _peak_members(proc, 2.5)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.close()
+    assert 50 <= peak <= 60, peak
+    if fast is not None:  # the C path took part (make helper builds it)
+        assert fast.stats()["forks_continued"] > before
+
+
 def test_max_cpu_holds_the_tree_to_its_share():
     code = ("import os, time\nif os.fork() == 0:\n    t = time.time()\n"
             "    while time.time() - t < 3: pass\n    os._exit(0)\nt = time.time()\n"

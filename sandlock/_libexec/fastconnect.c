@@ -1,5 +1,6 @@
-/* The supervisor's fast path, in C (sandlock/supervisor/fastpath.py): connect(), and the
- * looking calls of a copy-on-write workspace that has not changed yet.
+/* The supervisor's fast path, in C (sandlock/supervisor/fastpath.py): connect(), the
+ * looking calls of a copy-on-write workspace that has not changed yet, and forks within a
+ * max_processes budget Python lent.
  *
  * The Python supervisor thread waits for notifications by calling sl_fast_wait(), which
  * runs without the GIL. For a listener the Python side has enabled, this code receives the
@@ -14,6 +15,13 @@
  *  3. CONTINUE for a call that only looks at a path (cow_read_only) in a workspace whose
  *     layer holds no change yet (SL_COW_PRISTINE, cleared by Python before the first):
  *     the workspace is then the workdir itself, which Landlock keeps read-only.
+ *  4. CONTINUE for clone/fork/vfork under max_processes (SL_FORK_BUDGET), exactly as
+ *     supervisor/lifecycle.py would without a policy_fn: a clone whose flags the filter
+ *     refuses (syscall_filter.clone_refusal) goes to Python; a thread is continued; a
+ *     process-creating call spends one of the tokens Python lent (sl_fast_fork_lend: forks
+ *     it already counted as let through, supervisor/forks.py) and is recorded (caller,
+ *     time) for Python to take back as forks in flight (sl_fast_fork_take). No token, or
+ *     no room to record one: Python's.
  *
  * Everything else (other syscalls, unknown destinations, any failure along the way) is
  * handed to Python with the notification already received. This code never denies and
@@ -60,6 +68,8 @@
 
 #define SL_CONTINUE_TCP 1u   /* listener flag: Landlock decides every TCP destination */
 #define SL_COW_PRISTINE 2u   /* listener flag: its copy-on-write layer has no change yet */
+#define SL_FORK_BUDGET 4u    /* listener flag: forks spend tokens Python lent */
+#define FORK_RING 64         /* forks let through here that Python has not taken back */
 #define MAX_LISTENER_FD 4096
 #define CACHE_SLOTS 128      /* allowed destinations remembered per listener */
 #define MAX_INFLIGHT 32      /* on-behalf connects per listener (Python: MAX_DEFERRED) */
@@ -80,6 +90,9 @@ struct entry {
     unsigned flags;
     int refs;                /* the table's reference + one per job in flight */
     int inflight;
+    int fork_tokens;         /* forks Python counted in advance and lent to this code */
+    int n_forked;            /* forked[]'s entries */
+    struct { int32_t tid; int64_t at_ns; } forked[FORK_RING];
     struct dest cache[CACHE_SLOTS];
 };
 
@@ -100,7 +113,7 @@ static int q_head, q_count;
 static struct job *running[QUEUE_LEN + MAX_WORKERS];        /* jobs handed out, not done */
 static int n_running, n_workers, n_idle;
 static pid_t owner_pid;
-static uint64_t stat_continue, stat_connect, stat_python, stat_cow;
+static uint64_t stat_continue, stat_connect, stat_python, stat_cow, stat_fork;
 
 static struct epoll_event pending_events[16];                        /* the waiting thread's only */
 static int ev_pos, ev_count;
@@ -120,7 +133,7 @@ static void unref(struct entry *e) {  /* with lock held */
 
 /* The interface version fastpath.py expects (a stale build is not used). */
 int sl_fast_version(void) {
-    return 2;
+    return 3;
 }
 
 /* Called by each new Supervisor before its thread starts, so with no other caller. In a
@@ -267,8 +280,49 @@ void sl_fast_clear(int listener, unsigned flags) {
     pthread_mutex_unlock(&lock);
 }
 
-void sl_fast_stats(uint64_t out[5]) {
+/* Lend `n` fork tokens to a listener's budget (replacing what is left of earlier ones:
+ * Python takes those back first). 0, or -ENOENT. */
+int sl_fast_fork_lend(int listener, int n) {
+    if (listener < 0 || listener >= MAX_LISTENER_FD || n < 0)
+        return -EINVAL;
+    int rc = -ENOENT;
     pthread_mutex_lock(&lock);
+    struct entry *e = table[listener];
+    if (e != NULL && (e->flags & SL_FORK_BUDGET)) {
+        e->fork_tokens = n > FORK_RING ? FORK_RING : n;
+        rc = e->fork_tokens;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+/* Take back a listener's tokens: *unused gets those not spent, tids[]/at_ns[] (room for
+ * FORK_RING) the forks let through since the last call. Returns their number. After
+ * this no fork is let through here until the next lend. */
+int sl_fast_fork_take(int listener, int32_t *tids, int64_t *at_ns, int *unused) {
+    *unused = 0;
+    if (listener < 0 || listener >= MAX_LISTENER_FD)
+        return 0;
+    int n = 0;
+    pthread_mutex_lock(&lock);
+    struct entry *e = table[listener];
+    if (e != NULL) {
+        *unused = e->fork_tokens;
+        e->fork_tokens = 0;
+        n = e->n_forked;
+        for (int i = 0; i < n; i++) {
+            tids[i] = e->forked[i].tid;
+            at_ns[i] = e->forked[i].at_ns;
+        }
+        e->n_forked = 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+void sl_fast_stats(uint64_t out[6]) {
+    pthread_mutex_lock(&lock);
+    out[5] = stat_fork;
     out[0] = stat_continue;
     out[1] = stat_connect;
     out[2] = stat_python;
@@ -458,8 +512,51 @@ static int cow_read_only(const struct seccomp_notif *n) {
     }
 }
 
+#define CLONE_NAMESPACES (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 \
+                          | 0x10000000 | 0x20000000 | 0x40000000)
+#define CLONE_FILES_ 0x00000400
+#define CLONE_THREAD_ 0x00010000
+
+/* clone/fork/vfork under SL_FORK_BUDGET (the kinds 4 above). 1: answered; 0: Python's. */
+static int fast_fork(int listener, const struct seccomp_notif *n) {
+    int process = 1;
+    if (n->data.nr == SYS_clone) {
+        uint64_t fl = n->data.args[0];
+        /* syscall_filter.clone_refusal (without a policy_fn): Python refuses these. */
+        if ((fl & CLONE_NAMESPACES) || (fl & (CLONE_FILES_ | CLONE_THREAD_)) == CLONE_FILES_
+            || (fl & (CLONE_FILES_ | CLONE_THREAD_)) == CLONE_THREAD_)
+            return 0;
+        process = !(fl & CLONE_THREAD_);  /* supervisor/forks.py is_process */
+    }
+    int ok = 0;
+    pthread_mutex_lock(&lock);
+    struct entry *e = table[listener];
+    if (e != NULL && (e->flags & SL_FORK_BUDGET)) {
+        if (!process) {
+            ok = 1;
+        } else if (e->fork_tokens > 0 && e->n_forked < FORK_RING) {
+            e->fork_tokens--;
+            e->forked[e->n_forked].tid = (int32_t)n->pid;
+            e->forked[e->n_forked].at_ns = now_ns();
+            e->n_forked++;
+            stat_fork++;
+            ok = 1;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    if (ok)
+        respond(listener, n->id, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);  /* ENOENT: died */
+    return ok;
+}
+
 /* 1: answered here; 0: Python's. */
 static int fast(int listener, struct seccomp_notif *n, int caps_dropped) {
+    if (n->data.arch == SL_ARCH && (n->data.nr == SYS_clone
+#ifdef SYS_fork
+                                    || n->data.nr == SYS_fork || n->data.nr == SYS_vfork
+#endif
+                                    ))
+        return fast_fork(listener, n);
     if (n->data.arch == SL_ARCH && n->data.nr != SYS_connect && cow_read_only(n)) {
         pthread_mutex_lock(&lock);
         struct entry *e = table[listener];

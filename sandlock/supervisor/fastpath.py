@@ -7,13 +7,17 @@ every TCP port (as connect.py would), and an on-behalf connect to a destination 
 allowed before for the same sandbox (`learn`). In a copy-on-write workspace whose layer has
 no change yet it lets the kernel do the calls that only look (stat, opens for reading, ...):
 the workspace is then the workdir itself, which Landlock keeps read-only; the flag is
-cleared before the layer's first change (CowLayer.on_first_change). Everything else
-reaches Python, received.
+cleared before the layer's first change (CowLayer.on_first_change). Under max_processes it
+continues the forks that fit in tokens the fork budget lent it (supervisor/forks.py: forks
+already counted as let through), and threads; a clone with flags the filter refuses goes
+to Python (its checks are replayed in C: keep them in step with
+syscall_filter.clone_refusal and lifecycle.py). Everything else reaches Python, received.
 
 What may be replayed is decided here, in one place:
 - only sandboxes without a policy_fn (no freezes, no per-process rules), without audit
   records of allowed calls, and whose supervisor thread acts without capabilities;
 - only plain TCP connects Python allowed: never a denial, never a DNS or HTTP redirect;
+- only forks Python counted in advance (a fork with no token left is Python's);
 - a verdict that rests on DNS pins expires with them, and every change of any pins
   forgets all verdicts (`forget_all`).
 
@@ -30,10 +34,12 @@ import threading
 
 from .. import libexec
 
-VERSION = 2  # sl_fast_version() of the fastconnect.c this module speaks to
+VERSION = 3  # sl_fast_version() of the fastconnect.c this module speaks to
 LIBRARY = libexec.path("libsandlock-fastconnect.so")
 CONTINUE_TCP = 1
 COW_PRISTINE = 2
+FORK_BUDGET = 4
+FORK_RING = 64  # fastconnect.c: forks let through in C that Python has not taken back
 
 
 class FastPath:
@@ -49,7 +55,11 @@ class FastPath:
         lib.sl_fast_flush.argtypes = [ctypes.c_int]
         lib.sl_fast_clear.argtypes = [ctypes.c_int, ctypes.c_uint]
         lib.sl_fast_init.argtypes = []
-        lib.sl_fast_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 5)]
+        lib.sl_fast_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 6)]
+        lib.sl_fast_fork_lend.argtypes = [ctypes.c_int, ctypes.c_int]
+        lib.sl_fast_fork_take.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
+                                          ctypes.POINTER(ctypes.c_int64),
+                                          ctypes.POINTER(ctypes.c_int)]
         self._events = ctypes.c_uint32()
         self._received = ctypes.c_int()
         # Verdicts are learnt only if nothing was forgotten since they were decided: a
@@ -80,9 +90,24 @@ class FastPath:
             raise OSError(-fd, os.strerror(-fd))
         return fd, self._events.value, bool(self._received.value)
 
-    def enable(self, listener: int, continue_tcp: bool, cow_pristine: bool) -> bool:
-        flags = (CONTINUE_TCP if continue_tcp else 0) | (COW_PRISTINE if cow_pristine else 0)
+    def enable(self, listener: int, continue_tcp: bool, cow_pristine: bool,
+               fork_budget: bool = False) -> bool:
+        flags = (CONTINUE_TCP if continue_tcp else 0) | (COW_PRISTINE if cow_pristine else 0) \
+            | (FORK_BUDGET if fork_budget else 0)
         return self._lib.sl_fast_enable(listener, flags) == 0
+
+    def fork_lend(self, listener: int, n: int) -> int:
+        """Let C continue up to `n` (at most FORK_RING) process-creating forks; the number
+        lent (0 if the listener is not served here)."""
+        return max(self._lib.sl_fast_fork_lend(listener, n), 0)
+
+    def fork_take(self, listener: int) -> tuple[int, list[tuple[int, float]]]:
+        """Take the tokens back: (how many were not spent, [(thread, time.monotonic() when
+        let through)] of the forks C continued since the last take)."""
+        tids, at = (ctypes.c_int32 * FORK_RING)(), (ctypes.c_int64 * FORK_RING)()
+        unused = ctypes.c_int()
+        n = self._lib.sl_fast_fork_take(listener, tids, at, ctypes.byref(unused))
+        return unused.value, [(tids[i], at[i] / 1e9) for i in range(n)]
 
     def clear(self, listener: int, flags: int) -> None:
         """Stop answering what `flags` allowed (synchronously: no answer based on them is
@@ -114,11 +139,12 @@ class FastPath:
 
     def stats(self) -> dict[str, int]:
         """Calls answered so far (connects continued, connected on behalf, workspace reads
-        continued), lookups that missed (to_python), on-behalf connects in progress."""
-        out = (ctypes.c_uint64 * 5)()
+        continued, forks continued), lookups that missed (to_python), on-behalf connects
+        in progress."""
+        out = (ctypes.c_uint64 * 6)()
         self._lib.sl_fast_stats(ctypes.byref(out))
         return {"continued": out[0], "connected": out[1], "to_python": out[2],
-                "in_flight": out[3], "cow_continued": out[4]}
+                "in_flight": out[3], "cow_continued": out[4], "forks_continued": out[5]}
 
 
 _loaded: list = []
@@ -147,7 +173,7 @@ def eligible(session, acts_with_caps: bool) -> bool:
     net = session.net
     # Custom handlers see every call of their syscalls: none is answered in C.
     return (session.runtime is None and session.user_handlers is None and not acts_with_caps
-            and (net is not None or session.cow is not None)
+            and (net is not None or session.cow is not None or session.forks is not None)
             and not (net is not None and net.audit is not None and net.audit.log_allowed))
 
 

@@ -11,6 +11,13 @@ passed: counting it twice for a moment errs on the side of refusing, never of ex
 A tree walk runs on a worker (never the supervisor's loop: a large tree takes a while to
 walk), under this sandbox's lock; a fork admitted from a fresh count far from the limit is
 admitted on the loop itself (try_admit), without one.
+
+With the C fast path (fastpath.py), a count far from the limit also lends tokens: forks the
+budget counts as let through in advance (`_since`), which C continues without Python; C
+records each one it lets through. Before any count or decision here the tokens are taken
+back (`_take_back`): the unspent ones are uncounted, the spent ones become forks in
+flight. So the count is the same upper bound as without C, whichever side let a fork
+through.
 """
 
 from __future__ import annotations
@@ -45,10 +52,42 @@ class ForkBudget:
         self._in_flight: list[tuple[int, float]] = []  # (thread, deadline)
         self._live = 0
         self._walked = -1.0
-        self._since = 0  # forks let through since the walk
+        self._since = 0  # forks let through since the walk (tokens lent to C included)
+        self._lender = None  # (FastPath, listener) while C may spend tokens
+        self._lent = 0       # tokens lent and not taken back
+
+    def lend_to(self, fast, listener: int) -> None:
+        """Let the C fast path continue forks of `listener` (fast=None: no more; the
+        tokens are taken back)."""
+        with self._lock:
+            self._take_back(time.monotonic())
+            self._lender = (fast, listener) if fast is not None else None
+
+    def _take_back(self, now: float) -> None:
+        """With the lock held: the tokens C holds come back; the forks it let through are
+        in flight from when it did."""
+        if self._lender is None or not self._lent:
+            return
+        fast, listener = self._lender
+        unused, forked = fast.fork_take(listener)
+        self._since -= unused
+        self._lent = 0
+        self._in_flight.extend((tid, at + IN_FLIGHT) for tid, at in forked)
+
+    def _lend(self) -> None:
+        """With the lock held and a count just made: lend C the forks that fit, all but
+        one (the next decision stays here, with a fresh look)."""
+        if self._lender is None or self._lent:
+            return
+        spare = self.limit - (self._live + self._since) - 1
+        if spare >= 2:
+            fast, listener = self._lender
+            self._lent = fast.fork_lend(listener, spare)
+            self._since += self._lent
 
     def lower(self, n: int) -> None:
         with self._lock:
+            self._take_back(time.monotonic())
             self.limit = min(self.limit, n)
             self._walked = -1.0
             self._in_flight, self._since = [], 0  # counted afresh at the next fork
@@ -63,10 +102,12 @@ class ForkBudget:
             return False
         try:
             now = time.monotonic()
+            self._take_back(now)
             if now - self._walked > RECOUNT or self._live + self._since + 1 >= self.limit:
                 return False
             self._in_flight.append((tid, now + IN_FLIGHT))
             self._since += 1
+            self._lend()
             return True
         finally:
             self._lock.release()
@@ -75,6 +116,7 @@ class ForkBudget:
         """Let a fork by thread `tid` through, or raise Denied(EAGAIN)."""
         with self._lock:
             now = time.monotonic()
+            self._take_back(now)
             if now - self._walked > RECOUNT or self._live + self._since + 1 >= self.limit:
                 # A thread asking again has left its previous fork: that one is done.
                 self._in_flight = [(t, d) for t, d in self._in_flight
@@ -86,6 +128,7 @@ class ForkBudget:
                                                f"{self._live} processes live")
             self._in_flight.append((tid, now + IN_FLIGHT))
             self._since += 1
+            self._lend()
 
 
 def _pending(tid: int) -> bool:

@@ -288,7 +288,10 @@ class Supervisor:
             # here to record a refusal (an audit log: supervisor.connect).
             net = session.net
             session.fast = fast.enable(listener, net is not None and net.tcp_by_landlock
-                                       and net.audit is None, session.cow is not None)
+                                       and net.audit is None, session.cow is not None,
+                                       session.forks is not None)
+            if session.fast and session.forks is not None:
+                session.forks.lend_to(fast, listener)
             if session.fast and session.cow is not None:
                 session.cow.on_first_change = lambda: fast.clear(listener, COW_PRISTINE)
         with self._lock:
@@ -303,9 +306,12 @@ class Supervisor:
         except OSError:
             pass
         if self._fast is not None:
+            # Before the number can serve another sandbox: nothing of this one may reach it.
+            if session is not None and session.forks is not None:
+                session.forks.lend_to(None, -1)
             self._fast.disable(listener)
             if session is not None and session.cow is not None:
-                session.cow.on_first_change = None  # the number may serve another sandbox
+                session.cow.on_first_change = None
         os.close(listener)
         if session is not None:
             session.released.set()
