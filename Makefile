@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 HELPER := sandlock/_libexec/sandlock-exec
 FORKLOOP := sandlock/_libexec/libsandlock-fork.so
 FASTCONNECT := sandlock/_libexec/libsandlock-fastconnect.so
+CLIENT := sandlock/_libexec/sandlock-client
 
 .PHONY: setup helper demo test bench clean
 
@@ -23,7 +24,16 @@ $(BIN)/.installed: pyproject.toml scripts/setup-system
 	$(BIN)/pip install -q 'mcp>=2' 2>$(VENV)/mcp-install.log || { cat $(VENV)/mcp-install.log; exit 1; }
 	touch $@
 
-helper: $(HELPER) $(FORKLOOP) $(FASTCONNECT)
+helper: $(HELPER) $(FORKLOOP) $(FASTCONNECT) $(VENV)/.client-installed
+
+# The `sandlock` command's fast path (docs/cli.md "The CLI service"): installed over the
+# console script pip wrote; it runs `python -P -m sandlock` for whatever it does not handle.
+$(CLIENT): sandlock/_libexec/sandlock-client.c
+	cc -O2 -Wall -Wextra -Werror -DSANDLOCK_PYTHON_DEFAULT='"$(abspath $(BIN))/python"' -o $@ $<
+
+$(VENV)/.client-installed: $(CLIENT) $(BIN)/.installed
+	cp $(CLIENT) $(BIN)/sandlock.new && mv $(BIN)/sandlock.new $(BIN)/sandlock
+	touch $@
 
 $(HELPER): sandlock/_libexec/sandlock-exec.c sandlock/_libexec/sandlock-init.c sandlock/_libexec/sandlock-init.h
 	cc -O2 -Wall -Wextra -Werror -static -o $@ sandlock/_libexec/sandlock-exec.c sandlock/_libexec/sandlock-init.c
@@ -45,4 +55,4 @@ bench: setup
 	$(BIN)/python bench/update_readme.py
 
 clean:
-	rm -rf $(VENV) $(HELPER) $(FORKLOOP) $(FASTCONNECT) build *.egg-info
+	rm -rf $(VENV) $(HELPER) $(FORKLOOP) $(FASTCONNECT) $(CLIENT) build *.egg-info

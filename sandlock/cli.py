@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cli_parser import build
     first = argv[0] if argv else None
     known = ("run", "net-run", "pipe", "policy", "audit", "certs", "check", "workspace",
-             "completion", "ps", "inspect", "kill", "profile", "why", "learn")
+             "completion", "ps", "inspect", "kill", "profile", "why", "learn", "service")
     parser = build(first if first in known else None)
     args, extras = parser.parse_known_args(argv)
     if extras:  # told under the usage of the subcommand in use, with the closest option
@@ -400,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             "completion": cli_tools.completion, "check": cli_tools.check,
             "ps": cli_tools.ps, "inspect": cli_tools.inspect,
             "kill": cli_tools.kill, "profile": cli_tools.profile,
+            "service": cli_tools.service,
             "why": cli_tools.why}[args.command](args)
 
 

@@ -191,9 +191,19 @@ def add_run_policy_args(p: argparse.ArgumentParser) -> None:
                    help="run even if the kernel lacks features; lists what is lost")
 
 
+_built: dict = {}
+
+
 def build(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI parser; with `only`, just that subcommand (argparse set-up is a noticeable
-    part of every start, and a run needs only its own options)."""
+    part of every start, and a run needs only its own options). Built once per process
+    (the CLI service parses many command lines; parsing leaves a parser unchanged)."""
+    if only not in _built:
+        _built[only] = _build(only)
+    return _built[only]
+
+
+def _build(only: str | None) -> argparse.ArgumentParser:
     parser = Parser(
         prog="sandlock", description="Run commands in a lightweight unprivileged sandbox.",
         epilog="`sandlock COMMAND --help` shows each command's options and examples.")
@@ -304,6 +314,18 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
         comp = sub.add_parser("completion", help="print a shell completion script",
                               epilog=EXAMPLES["completion"], formatter_class=_Formatter)
         comp.add_argument("shell", choices=("bash", "zsh", "fish"))
+    if wanted("service"):
+        svc = sub.add_parser("service", help="the per-user CLI service that makes `run`, "
+                             "`net-run` and `pipe` start in milliseconds (docs/cli.md)")
+        svc_sub = svc.add_subparsers(dest="action", required=True, parser_class=Parser)
+        svc_run = svc_sub.add_parser("run", help="serve in this process until idle "
+                                     "(the C client starts it on demand)")
+        svc_run.add_argument("--idle", type=float, default=600.0, metavar="SECONDS",
+                             help="exit after this long without a request (default 600)")
+        svc_run.add_argument("--log", action="store_true",
+                             help="write errors to service.log in the service's directory")
+        svc_sub.add_parser("status", help="whether a service runs, and its pid")
+        svc_sub.add_parser("stop", help="stop the service (running sandboxes go on)")
     if wanted("check"):
         check = sub.add_parser("check", help="report what this kernel supports")
         check.add_argument("--allow-degraded", action="store_true",

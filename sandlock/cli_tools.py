@@ -322,3 +322,27 @@ def why(a) -> int:
     else:
         print(render(entries))
     return 0
+
+
+def service(a) -> int:
+    """`sandlock service run|status|stop` (sandlock/service/server.py)."""
+    from .service import server
+    if a.action == "run":
+        if a.log:
+            where = server._own_directory(server.directory())
+            fd = os.open(os.path.join(where, "service.log"),
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            os.dup2(fd, 2)
+            os.close(fd)
+        try:
+            return server.serve(idle=a.idle)
+        except OSError as e:
+            _say(f"error: service: {e}")
+            return EXIT_SANDLOCK
+    reply = server.request(server.KIND_STATUS if a.action == "status" else server.KIND_STOP)
+    if reply is None or reply[:1] != b"A":
+        print("no service is running" if reply is None else
+              f"the service refused: {reply[1:].decode(errors='replace')}")
+        return 1 if a.action == "status" else 0
+    print(reply[1:].decode(errors="replace").rstrip() if a.action == "status" else "stopped")
+    return 0

@@ -202,6 +202,15 @@ def web_recorder():
         s.close()
 
 
+CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "sandlock", "_libexec", "sandlock-client")
+# The CLI as the test files about it run it: in-process (`python -m sandlock`), or, with
+# SANDLOCK_TEST_CLI=service, through the C client and the CLI service
+# (tests/test_service.py runs those files that way).
+CLI = [CLIENT] if os.environ.get("SANDLOCK_TEST_CLI") == "service" else \
+    [__import__("sys").executable, "-m", "sandlock"]
+
+
 def sandlock_cli(*args, cwd=None, timeout: float = 120):
     """`python -m sandlock ARGS` with this checkout first on the path (text output)."""
     import subprocess

@@ -5,9 +5,9 @@ import subprocess
 import sys
 import time
 
-from conftest import free_port
+from conftest import CLI, free_port
 
-SANDLOCK = [sys.executable, "-m", "sandlock"]
+SANDLOCK = CLI  # in-process, or through the CLI service (conftest)
 
 
 def cli(*args, **kw):

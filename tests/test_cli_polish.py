@@ -10,9 +10,10 @@ import sys
 import pytest
 
 import sandlock
+from conftest import CLI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SANDLOCK = [sys.executable, "-m", "sandlock"]
+SANDLOCK = CLI  # in-process, or through the CLI service (conftest)
 
 
 def cli(*args, **kw):

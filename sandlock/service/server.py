@@ -1,0 +1,415 @@
+"""The CLI service: one per user, started on demand by the C client, gone after IDLE
+seconds without a request (or when Sandlock's code on disk changes).
+
+Design: a pre-forking server. The parent imports and warms the CLI (parsers, policy
+building, the filter compiler) and stays single-threaded; it keeps SPARE forked children
+waiting in accept() on the listening socket. A child serves exactly one client and exits:
+it checks the peer (peer.py), takes the client's stdin/stdout/stderr and working
+directory (SCM_RIGHTS), environment, umask, nice value, CPU affinity and resource limits,
+and then runs today's CLI (sandlock.cli.main) with them: the same code, the same output,
+the same exit status as `python -m sandlock`, without the interpreter's start and the
+imports. The sandbox's supervisor is that child; the parent never supervises anything.
+
+Protocol (SOCK_SEQPACKET, one message each):
+  client -> child: the request, with fds [stdin, stdout, stderr, cwd] (see _parse)
+  child -> client: b"A" (accepted) or b"F" + reason (fall back: run the CLI in-process)
+  client -> child: b"G" (go: the client still waits; without it nothing runs, so a client
+                   that gave up and fell back never runs the command twice)
+  client -> child: b"S" + signal number, for each signal the client receives
+  child -> client: b"X" + int32 exit status, last
+A client that disappears (EOF) is handled as the in-process CLI killed by SIGKILL: the
+child dies, and with it (PR_SET_PDEATHSIG in sandlock-init.c) the sandbox.
+
+Files (a directory of the user's alone, mode 0700): $XDG_RUNTIME_DIR/sandlock/ or
+/tmp/sandlock-UID/: service.sock, service.lock (held by the live service: a second one
+started meanwhile exits; a socket left by a dead one is replaced), service.log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+from . import peer
+
+IDLE = 600.0          # seconds without a request before the service exits
+SPARE = 2             # children waiting in accept()
+REPLY_WAIT = 2.0      # seconds a child waits for a client's request, then for its "go"
+MAX_REQUEST = 1 << 20
+MAGIC = b"SLK1"
+KIND_RUN, KIND_STATUS, KIND_STOP = 1, 2, 3
+NFDS = 4
+
+
+def directory() -> str:
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(xdg, "sandlock") if xdg else f"/tmp/sandlock-{os.geteuid()}"
+
+
+def _own_directory(path: str) -> str:
+    """The service's directory, made if missing; refused unless it is a directory of this
+    user's alone (a directory someone else made or can enter is never used)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    import stat as _stat
+    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path}: not a directory of this user's alone (mode 0700)")
+    return path
+
+
+def _parse(msg: bytes) -> dict:
+    """The client's request (all integers little-endian; strings NUL-terminated):
+    MAGIC, u32 kind, u32 argc, argv, u32 envc, env, u32 umask, i32 nice,
+    16 x (u64 soft, u64 hard) resource limits, u32 n, n bytes of CPU affinity mask."""
+    if not msg.startswith(MAGIC):
+        raise ValueError("not a sandlock client")
+    pos = len(MAGIC)
+
+    def u32():
+        nonlocal pos
+        (v,) = struct.unpack_from("<I", msg, pos)
+        pos += 4
+        return v
+
+    def strings(n):
+        nonlocal pos
+        out = []
+        for _ in range(n):
+            end = msg.index(b"\0", pos)
+            out.append(os.fsdecode(msg[pos:end]))
+            pos = end + 1
+        return out
+
+    kind = u32()
+    argv = strings(u32())
+    env = strings(u32())
+    umask = u32()
+    (nice,) = struct.unpack_from("<i", msg, pos)
+    pos += 4
+    limits = [struct.unpack_from("<QQ", msg, pos + 16 * i) for i in range(16)]
+    pos += 16 * 16
+    n = u32()
+    mask = msg[pos:pos + n]
+    cpus = {i for i in range(len(mask) * 8) if mask[i // 8] >> (i % 8) & 1}
+    return {"kind": kind, "argv": argv, "env": env, "umask": umask, "nice": nice,
+            "limits": limits, "cpus": cpus}
+
+
+def _apply(req: dict) -> str | None:
+    """Take on the client's process attributes; why not, or None."""
+    inf = resource.RLIM_INFINITY
+    for res, (soft, hard) in enumerate(req["limits"]):
+        soft = inf if soft == 0xFFFFFFFFFFFFFFFF else soft
+        hard = inf if hard == 0xFFFFFFFFFFFFFFFF else hard
+        try:
+            if resource.getrlimit(res) != (soft, hard):
+                resource.setrlimit(res, (soft, hard))
+        except (OSError, ValueError) as e:
+            return f"resource limit {res} ({soft}, {hard}): {e}"
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != req["nice"]:
+            os.setpriority(os.PRIO_PROCESS, 0, req["nice"])
+        if req["cpus"] and os.sched_getaffinity(0) != req["cpus"]:
+            os.sched_setaffinity(0, req["cpus"])
+    except OSError as e:
+        return f"nice value or CPU affinity: {e.strerror}"
+    os.umask(req["umask"] & 0o777)
+    return None
+
+
+def _recv_request(conn: socket.socket):
+    conn.settimeout(REPLY_WAIT)
+    msg, anc, flags, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(NFDS * 4))
+    fds: list[int] = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
+    return msg, fds, flags
+
+
+def _serve_one(conn: socket.socket, started: float) -> None:
+    """In a child: one client, from its request to its exit status."""
+    fds: list[int] = []
+    why, req = "no request", None
+    try:
+        why = peer.refusal(conn)
+        msg, fds, flags = _recv_request(conn)
+        if why is None and flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            why = "request too large"
+        req = None
+        if why is None:
+            try:
+                req = _parse(msg)
+            except (ValueError, struct.error, IndexError) as e:
+                why = f"malformed request ({e})"
+        if why is None and req["kind"] == KIND_STATUS:
+            conn.send(b"A" + f"pid {os.getppid()}\nsocket {conn.getsockname()}\n"
+                             f"up {time.time() - started:.0f}s\n".encode())
+            return
+        if why is None and req["kind"] == KIND_STOP:
+            os.kill(os.getppid(), signal.SIGTERM)
+            conn.send(b"A")
+            return
+        if why is None and (req["kind"] != KIND_RUN or len(fds) != NFDS):
+            why = "malformed request"
+        if why is None:
+            why = _apply(req)
+        if why is not None:
+            conn.send(b"F" + why.encode()[:400])
+            return
+        conn.send(b"A")
+        if conn.recv(16) != b"G":
+            return  # the client gave up: nothing ran
+    except OSError:
+        return
+    finally:
+        if fds and (why is not None or req is None or req["kind"] != KIND_RUN):
+            for fd in fds:
+                os.close(fd)
+    for i in range(3):
+        os.dup2(fds[i], i)
+    os.fchdir(fds[3])
+    for fd in fds:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
+    _run(conn, req["argv"])
+
+
+def _run(conn: socket.socket, argv: list[str]) -> None:
+    done = threading.Event()
+
+    def relay():
+        """Signals the client received reach this process as they would have reached the
+        in-process CLI; the client gone is the CLI killed."""
+        while True:
+            try:
+                m = conn.recv(16)
+            except OSError:
+                m = b""
+            if done.is_set():
+                return
+            if not m:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if m[:1] == b"S" and len(m) >= 2:
+                os.kill(os.getpid(), m[1])
+    conn.settimeout(None)
+    threading.Thread(target=relay, daemon=True).start()
+    sys.argv = ["sandlock", *argv]
+    from ..cli import main
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        code = e.code
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+            code = 1
+        status = 0 if code is None else int(code)
+    except KeyboardInterrupt:
+        status = 130
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        status = 1
+    import atexit
+    atexit._run_exitfuncs()  # as the in-process CLI's exit runs them, before the status
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    done.set()
+    try:
+        conn.send(b"X" + struct.pack("<i", status))
+    except OSError:
+        pass
+
+
+WARM_RUNS = (["run", "--", "/bin/true"], ["net-run", "--", "/bin/true"])
+
+
+def _warm() -> None:
+    """What requests need, imported and built once, before any fork: the modules a run and
+    a net-run import (learnt from a run in a throw-away child: this process stays
+    single-threaded, as forking demands) and the parsers."""
+    import importlib
+    from .. import cli_parser
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            from ..cli import main
+            for argv in WARM_RUNS:
+                try:
+                    main(list(argv))
+                except BaseException:
+                    pass
+            names = [n for n in sys.modules if n.split(".")[0] in ("sandlock", "netpolicy")]
+            os.write(w, "\n".join(names).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    for name in b"".join(chunks).decode().split():
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass  # an optional part (the mcp extra): imported, if at all, by the request
+    for command in ("run", "net-run", "pipe"):
+        cli_parser.build(command)
+
+
+def _code_stamp() -> dict[str, float]:
+    """Sandlock's modules as loaded: a change on disk retires the service."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if path and name.split(".")[0] in ("sandlock", "netpolicy"):
+            try:
+                out[path] = os.stat(path).st_mtime
+            except OSError:
+                out[path] = -1.0
+    return out
+
+
+def _changed(stamp: dict[str, float]) -> bool:
+    for path, mtime in stamp.items():
+        try:
+            if os.stat(path).st_mtime != mtime:
+                return True
+        except OSError:
+            if mtime != -1.0:
+                return True
+    return False
+
+
+def serve(idle: float = IDLE) -> int:
+    """Run the service in this process until idle, stopped or its code changes. 0, or 1
+    when another service holds the lock (not an error for whoever started this one)."""
+    where = _own_directory(directory())
+    lock = os.open(os.path.join(where, "service.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                   0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 1
+    path = os.path.join(where, "service.sock")
+    try:
+        os.unlink(path)  # a dead service's (the lock is ours: nobody serves it)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(128)
+    ino = os.stat(path).st_ino
+    _warm()
+    stamp = _code_stamp()
+    started = time.time()
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    took_r, took_w = os.pipe()
+    idle_children: set[int] = set()
+    busy: set[int] = set()
+    last = time.monotonic()
+    checked = last
+
+    def spawn():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                os.close(took_r)
+                os.close(lock)
+                conn, _ = listener.accept()
+                listener.close()
+                os.write(took_w, struct.pack("i", os.getpid()))
+                os.close(took_w)
+                _serve_one(conn, started)
+            finally:
+                os._exit(0)
+        idle_children.add(pid)
+
+    try:
+        while not stop:
+            while len(idle_children) < SPARE:
+                spawn()
+            try:
+                ready, _, _ = select.select([took_r], [], [], 1.0)
+            except InterruptedError:
+                ready = []
+            if ready:
+                data = os.read(took_r, 4096)
+                for (pid,) in struct.iter_unpack("i", data[:len(data) // 4 * 4]):
+                    idle_children.discard(pid)
+                    busy.add(pid)
+                last = time.monotonic()
+            while True:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                idle_children.discard(pid)
+                busy.discard(pid)
+            now = time.monotonic()
+            if not busy and now - last > idle:
+                break
+            if now - checked > 2.0:
+                checked = now
+                if _changed(stamp):
+                    break
+    finally:
+        try:
+            if os.stat(path).st_ino == ino:
+                os.unlink(path)  # ours still: new clients start a new service
+        except OSError:
+            pass
+        listener.close()
+        for pid in idle_children:  # waiting in accept(): nothing of theirs is running
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return 0
+
+
+def request(kind: int) -> bytes | None:
+    """status/stop from Python: the reply, or None when no service answers."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(REPLY_WAIT)
+    try:
+        s.connect(os.path.join(directory(), "service.sock"))
+        body = (MAGIC + struct.pack("<III", kind, 0, 0) + struct.pack("<Ii", 0o22, 0)
+                + struct.pack("<QQ", 0, 0) * 16 + struct.pack("<I", 0))
+        s.send(body)
+        return s.recv(4096)
+    except OSError:
+        return None
+    finally:
+        s.close()
