@@ -59,6 +59,7 @@ class _Grants:
         self.home = home
         self.env = env
         self.out: dict[str, str] = {}
+        self._roots: list[tuple[str, str]] | None = None
         from .home_policy import secret_paths
         self.secrets = secret_paths(home)
 
@@ -74,10 +75,18 @@ class _Grants:
             del self.out[g]  # a wider grant replaces narrower ones
         self.out[path] = why
 
+    def _manager_roots(self) -> list[tuple[str, str]]:
+        """Each manager's root, resolved once per call of toolchain_grants."""
+        if self._roots is None:
+            self._roots = []
+            for name, var, default in MANAGERS:
+                root = self.env.get(var) if var else None
+                self._roots.append(
+                    (name, os.path.realpath(root or os.path.join(self.home, default))))
+        return self._roots
+
     def manager_of(self, path: str) -> tuple[str, str] | None:
-        for name, var, default in MANAGERS:
-            root = self.env.get(var) if var else None
-            root = os.path.realpath(root or os.path.join(self.home, default))
+        for name, root in self._manager_roots():
             if is_beneath(path, root) and os.path.isdir(root):
                 return name, root
         for name, root in SYSTEM_MANAGERS:

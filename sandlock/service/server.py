@@ -184,6 +184,10 @@ def _serve_one(conn: socket.socket, started: float) -> None:
         os.close(fd)
     os.environ.clear()
     os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
+    # What the in-process CLI reads afresh at every start is read afresh here: the scan
+    # for files only root may read (cached for a minute in a long-lived process).
+    from .. import policy
+    policy._root_only_cache = (0.0, ())
     _run(conn, req["argv"])
 
 
@@ -276,6 +280,51 @@ def _warm() -> None:
             pass  # an optional part (the mcp extra): imported, if at all, by the request
     for command in ("run", "net-run", "pipe"):
         cli_parser.build(command)
+    _warm_caches()
+
+
+def _warm_caches() -> None:
+    """Fill this process's caches that requests read (the filter compiler's) by building,
+    never starting, the sandboxes of WARM_RUNS. Re-run now and then: what is built
+    depends on the machine (the root-only files' scan, redone by every request anyway)."""
+    from ..cli import _sandbox_from_args
+    from ..cli_parser import build
+    from ..errors import SandlockError
+    cwd = os.open(".", os.O_PATH)
+    try:
+        os.chdir("/")
+        for argv in WARM_RUNS:
+            a, _ = build(argv[0]).parse_known_args(argv)
+            try:
+                sb, _ = _sandbox_from_args(a, argv[0] == "net-run", argv[2:])
+                sb.degradations  # noqa: B018 (compiles the ruleset and the filter)
+            except SandlockError:
+                pass
+    finally:
+        os.fchdir(cwd)
+        os.close(cwd)
+    if threading.active_count() != 1:  # forking demands it: a bug, never to be served
+        raise RuntimeError("the service started a thread while warming")
+
+
+def _warm_child() -> None:
+    """In a spare child, before it waits: one run of `run -- /bin/true` (output to
+    /dev/null), so that what a process does once (the supervisor's thread and its epoll
+    set, the fast path's table, the remaining caches) is done before a client waits."""
+    from ..cli import main
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        main(list(WARM_RUNS[0]))
+    except BaseException:
+        pass
+    finally:
+        for fd, old in zip((0, 1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
+        os.close(null)
 
 
 def _code_stamp() -> dict[str, float]:
@@ -306,6 +355,7 @@ def serve(idle: float = IDLE) -> int:
     """Run the service in this process until idle, stopped or its code changes. 0, or 1
     when another service holds the lock (not an error for whoever started this one)."""
     where = _own_directory(directory())
+    os.chdir("/")  # holds no directory of the user's busy; requests bring their own
     lock = os.open(os.path.join(where, "service.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                    0o600)
     try:
@@ -335,7 +385,7 @@ def serve(idle: float = IDLE) -> int:
     idle_children: set[int] = set()
     busy: set[int] = set()
     last = time.monotonic()
-    checked = last
+    checked = warmed = last
 
     def spawn():
         pid = os.fork()
@@ -345,6 +395,7 @@ def serve(idle: float = IDLE) -> int:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 os.close(took_r)
                 os.close(lock)
+                _warm_child()
                 conn, _ = listener.accept()
                 listener.close()
                 os.write(took_w, struct.pack("i", os.getpid()))
@@ -384,6 +435,9 @@ def serve(idle: float = IDLE) -> int:
                 checked = now
                 if _changed(stamp):
                     break
+            if now - warmed > 45.0:
+                warmed = now
+                _warm_caches()
     finally:
         try:
             if os.stat(path).st_ino == ino:

@@ -1,0 +1,130 @@
+"""The CLI's start: `sandlock run -- /bin/true` through the C client and a warm CLI
+service, cold (no service yet), and in-process (`python -P -m sandlock`), beside bare
+execution, `python3 -c pass`, bubblewrap and upstream's Python one-shot; `net-run` warm.
+
+Every peer is a fresh process started by this script with subprocess.run (stdin from
+/dev/null, output captured: as an agent runs a command), timed from start to exit; peers
+are interleaved round by round, the first rotating. "cold" stops the service (untimed)
+before each of its samples, so each one falls back to the in-process CLI and starts a
+service in the background. The service runs from a private $XDG_RUNTIME_DIR.
+Ours run with the CLI's default policy (system directories read-only, the user's files
+protected); upstream's one-shot with its API's (the same paths readable).
+
+    python bench/cli.py [--quick]
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from harness import ROOT, UPSTREAM_PY, WORKER, rotations, stats
+
+NAME = "cli"
+CLIENT = str(ROOT / ".venv" / "bin" / "sandlock")
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+SYSTEM = ["/usr", "/lib", "/lib64", "/bin", "/etc"]
+
+
+def _peers(env):
+    up = [str(UPSTREAM_PY), "-I", str(WORKER), "run", "--no-system"]
+    for p in SYSTEM:
+        up += ["-r", p]
+    peers = {
+        "bare": (["/bin/true"], None),
+        "python3 -c pass": ([sys.executable if not os.path.exists("/usr/bin/python3")
+                             else "/usr/bin/python3", "-c", "pass"], None),
+        "bwrap": (["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent",
+                   "/bin/true"], None) if shutil.which("bwrap") else None,
+        "ours: service warm": ([CLIENT, "run", "--", "/bin/true"], None),
+        "ours: net-run, service warm": ([CLIENT, "net-run", "--", "/bin/true"], None),
+        "ours: in-process CLI": ([PYTHON, "-P", "-m", "sandlock", "run", "--", "/bin/true"],
+                                 None),
+        "ours: cold (no service yet)": ([CLIENT, "run", "--", "/bin/true"], "cold"),
+        "upstream: Python one-shot": ([*up, "--", "/bin/true"], None)
+        if os.path.exists(str(UPSTREAM_PY)) else None,
+    }
+    return {k: v for k, v in peers.items() if v is not None}
+
+
+def _stop(env):
+    subprocess.run([PYTHON, "-P", "-m", "sandlock", "service", "stop"], env=env,
+                   capture_output=True, timeout=30)
+    sock = os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "service.sock")
+    deadline = time.monotonic() + 10
+    while os.path.exists(sock) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _warm(env):
+    for _ in range(100):
+        r = subprocess.run([CLIENT, "run", "--", "/bin/true"], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL,
+                           env=dict(env, SANDLOCK_SERVICE_DEBUG="1"))
+        if "accepted" in r.stderr:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("cli: the service never answered")
+
+
+def _once(argv, env):
+    t0 = time.perf_counter_ns()
+    r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env)
+    ns = time.perf_counter_ns() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"cli: {argv[:3]} failed: {r.stderr[-300:]!r}")
+    return ns
+
+
+def run(rounds=100, quick=False, log=lambda s: print(s, file=sys.stderr)):
+    if quick:
+        rounds = 20
+    xdg = tempfile.mkdtemp(prefix="sandlock-bench-cli-")
+    env = dict(os.environ, XDG_RUNTIME_DIR=xdg)
+    env.pop("SANDLOCK_SERVICE", None)
+    peers = _peers(env)
+    samples = {name: [] for name in peers}
+    try:
+        _warm(env)
+        for name, (argv, _) in peers.items():
+            _once(argv, env)  # each works before anything is timed
+        _warm(env)
+        for i, order in enumerate(rotations(list(peers), rounds)):
+            for name in order:
+                argv, kind = peers[name]
+                if kind == "cold":
+                    _stop(env)
+                    samples[name].append(_once(argv, env))
+                    _warm(env)  # the next peers find a warm service again
+                else:
+                    samples[name].append(_once(argv, env))
+            if (i + 1) % 10 == 0:
+                log(f"  cli: {i + 1}/{rounds} rounds")
+    finally:
+        _stop(env)
+        shutil.rmtree(xdg, ignore_errors=True)
+    return {"name": NAME, "rounds": rounds,
+            "stats": {n: stats(v) for n, v in samples.items()}}
+
+
+def markdown(result):
+    st = result["stats"]
+    bare = st["bare"]["median"]
+    out = ["## CLI start", "",
+           f"`sandlock run -- /bin/true` as an agent runs it (a fresh process per call, "
+           f"stdin from /dev/null, output captured), {result['rounds']} interleaved rounds.",
+           "", "| peer | median ms | p99 ms | vs bare | vs `python3 -c pass` |",
+           "|---|---:|---:|---:|---:|"]
+    py = st.get("python3 -c pass", {}).get("median")
+    for name, s in st.items():
+        vs_py = f"{s['median'] / py:.2f}x" if py else ""
+        out.append(f"| {name} | {s['median']:.2f} | {s['p99']:.2f} | "
+                   f"{s['median'] / bare:.1f}x | {vs_py} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    from harness import main
+    main(__doc__, run, markdown)
