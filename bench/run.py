@@ -17,7 +17,8 @@ from pathlib import Path
 
 from harness import BENCH, ensure_setup
 
-BENCHMARKS = ["startup", "connect", "redis_bench", "policy_fn", "http_filter", "cow", "limits"]
+BENCHMARKS = ["startup", "connect", "redis_bench", "policy_fn", "http_filter", "cow", "limits",
+              "cli"]
 RESULTS = BENCH / "results"
 
 

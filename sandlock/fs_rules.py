@@ -29,10 +29,11 @@ WRITE_RIGHTS = (READ_RIGHTS | ll.FS_WRITE_FILE | ll.FS_REMOVE_DIR | ll.FS_REMOVE
 
 def is_beneath(path: str, ancestor: str) -> bool:
     """True when `path` equals `ancestor` or lies below it (canonical absolute paths)."""
-    if not path.startswith(ancestor):
-        return False  # (the common case: a policy's plan asks this thousands of times)
-    n = len(ancestor)
-    return len(path) == n or ancestor.endswith("/") or path[n] == "/"
+    if ancestor.endswith("/"):
+        return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
+    # The common case, without building a string (a policy's plan asks thousands of times).
+    return path.startswith(ancestor) and (len(path) == len(ancestor)
+                                          or path[len(ancestor)] == "/")
 
 
 def _expand(grant: str, rights: int, denied: list[str], out: dict[str, int]) -> None:

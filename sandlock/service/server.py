@@ -321,6 +321,11 @@ def _warm_child() -> None:
     except BaseException:
         pass
     finally:
+        for stream in (sys.stdout, sys.stderr):  # nothing of it may reach a client's fds
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
         for fd, old in zip((0, 1, 2), saved):
             os.dup2(old, fd)
             os.close(old)
