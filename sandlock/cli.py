@@ -131,6 +131,15 @@ def _flag_fields(a) -> dict:
     }
 
 
+def _getcwd() -> str | None:
+    """The working directory, or None when it has been removed (the command still runs
+    there, as it would outside the sandbox)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
 def _sandbox_from_args(a, net_run: bool = False, cmd=None):
     """Policy file (if any) + flags; `run` and `net-run` differ only in their defaults.
     Both protect the user's files (home_policy) and grant the command's own toolchain
@@ -159,13 +168,17 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
         env = dict(os.environ)
         env.update(fields.get("env") or {})
         env.update(dict(item.partition("=")[::2] for item in a.env))
-        grants = toolchain_grants(cmd[0], env, a.cwd or fields.get("cwd") or os.getcwd())
+        grants = toolchain_grants(cmd[0], env, a.cwd or fields.get("cwd") or _getcwd())
         base = merge_fields(base, {"fs_readable": [g.path for g in grants]})
         notes += [f"read {g.path} ({g.why})" for g in grants]
     if net_run:
-        cwd = os.path.realpath(a.cwd or fields.get("cwd") or os.getcwd())
+        cwd = a.cwd or fields.get("cwd") or _getcwd()
+        cwd = cwd and os.path.realpath(cwd)
         home = os.path.realpath(os.path.expanduser("~"))
-        if cwd in (home, "/"):
+        if cwd is None:
+            _say("note: the working directory no longer exists: net-run makes no directory "
+                 "writable for it")
+        elif cwd in (home, "/"):
             _say(f"note: the working directory {cwd} is {'your home' if cwd == home else '/'}"
                  f": net-run does not make it writable (pass -w {cwd} to allow that)")
         else:

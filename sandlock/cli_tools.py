@@ -80,7 +80,7 @@ def policy_check(a) -> int:
     if cmd and loaded.system:
         from .toolchain import toolchain_grants
         for g in toolchain_grants(cmd[0], dict(os.environ, **(loaded.fields.get("env") or {})),
-                                  loaded.fields.get("cwd") or os.getcwd()):
+                                  loaded.fields.get("cwd") or None):
             print(f"  {'toolchain':13} read {g.path} ({g.why})")
     for error in report.errors:
         print(f"  {'error':13} {error}")

@@ -72,6 +72,13 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return "(a removed directory)"
+
+
 def register(root: int, pid: int, name: str | None, argv, cwd: str | None,
              fields: dict) -> str | None:
     """Record a started sandbox; returns the entry's path (None if no registry could
@@ -87,7 +94,7 @@ def register(root: int, pid: int, name: str | None, argv, cwd: str | None,
              "start_time": began, "pid_start_time": start_time(pid),
              "supervisor": os.getpid(), "supervisor_start_time": start_time(os.getpid()),
              "started": time.time(),
-             "argv": list(argv), "cwd": cwd or os.getcwd(), "policy": fields}
+             "argv": list(argv), "cwd": cwd or _cwd(), "policy": fields}
     path = os.path.join(d, f"{root}.json")
     tmp = f"{path}.{os.getpid()}.tmp"
     try:

@@ -97,7 +97,7 @@ class _Grants:
 
 def _which(name: str, path_env: str, cwd: str | None) -> str | None:
     if "/" in name:
-        full = name if os.path.isabs(name) else os.path.join(cwd or os.getcwd(), name)
+        full = name if os.path.isabs(name) else os.path.join(cwd or ".", name)
         return full if os.path.exists(full) else None
     for directory in path_env.split(os.pathsep):
         candidate = os.path.join(directory or ".", name)

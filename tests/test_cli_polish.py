@@ -169,3 +169,20 @@ def test_the_demo_removes_what_it_created(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "removed everything it created" in r.stdout
     assert os.listdir(tmp) == []
+
+
+def test_a_removed_working_directory_runs_as_outside(tmp_path):
+    """A command started from a directory that has since been removed runs (as it would
+    outside the sandbox), for run and net-run alike, instead of a traceback."""
+    for sub in ("run", "net-run"):
+        gone = tmp_path / sub
+        gone.mkdir()
+        r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh",
+                            str(gone), *SANDLOCK, sub, "--", "sh", "-c", "echo ran; exit 3"],
+                           capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+        assert (r.returncode, r.stdout) == (3, "ran\n"), r.stderr
+        assert "Traceback" not in r.stderr
+    # The control: the same from an existing directory.
+    r = cli("run", "--", "sh", "-c", "echo ran; exit 3")
+    assert (r.returncode, r.stdout) == (3, "ran\n")

@@ -2,6 +2,9 @@
 
 import os
 import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -222,3 +225,39 @@ def test_mismatched_address_family_is_refused_cleanly():
             "print(r, ctypes.get_errno())")
     r = run_py(sandbox(net_allow=["udp://127.0.0.1:9"]), code)
     assert r.stdout.split() == [b"-1", b"22"] and b"supervisor error" not in r.stderr
+
+
+@pytest.mark.parametrize("threads,bind", [(1, []), (3, ["--net-allow-bind", "0"])])
+def test_a_sandboxed_listener_s_credentials_are_the_sandbox_s(tmp_path, threads, bind):
+    """A client of a server in the sandbox learns whom it talks to from the listening
+    socket (SO_PEERCRED): the sandboxed process, never its unconfined supervisor — which
+    performed listen() itself before, letting a sandbox pass for the user's own service
+    (the CLI client checks its service's listener: tests/test_service.py)."""
+    path = str(tmp_path / "s.sock")
+    code = ("import os, socket, sys, threading, time\n"
+            f"for _ in range({threads} - 1):\n"
+            "    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\ns.bind(sys.argv[1])\n"
+            "s.listen(4)\nprint(os.getpid(), flush=True)\nc, _ = s.accept()\nc.recv(1)\n"
+            "t = socket.socket()\ntry:\n    t.listen(1); print('bound')\n"
+            "except OSError as e:\n    print(e.errno)\n")
+    p = subprocess.Popen([sys.executable, "-m", "sandlock", "run", *bind, "-w", str(tmp_path),
+                          "--", sys.executable, "-c",
+                          code, path], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(p.stdout.readline())
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(path)
+        peer = struct.unpack("3i", c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        with open(f"/proc/{peer}/status") as f:
+            status = f.read()
+        c.send(b"x")
+        # The listener is the sandboxed process itself (pid namespaces aside: its status
+        # shows the sandbox's confinement).
+        assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status, status
+        assert peer == pid or "NSpid" in status and str(pid) in status.split("NSpid:")[1]
+        # The ephemeral-port check still holds where it applies.
+        assert p.stdout.readline().strip() == ("bound" if bind else "13")
+    finally:
+        p.kill()
+        p.wait()

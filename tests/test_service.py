@@ -120,9 +120,14 @@ def test_a_killed_supervisor_ends_the_sandbox_never_lets_it_go_on(env, tmp_path)
                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert _wait_for(lambda: (work / "before").exists())
     service = _service_pid(env)
-    supervisors = {_ppid(pid) for pid in _pids()} & {pid for pid in _pids()
-                                                     if _ppid(pid) == service}
-    assert len(supervisors) == 1, "the service supervises the run in a child of its own"
+    supervisors = set()
+    for pid in _pids():  # the sandboxed sh, up to the child of the service above it
+        if _cmdline(pid) == ["sh", "-c", script]:
+            while pid > 1 and _ppid(pid) != service:
+                pid = _ppid(pid)
+            supervisors.add(pid)
+    assert len(supervisors) == 1 and _ppid(min(supervisors)) == service, \
+        "the service supervises the run in a child of its own"
     for pid in supervisors:
         os.kill(pid, signal.SIGKILL)
     assert p.wait(timeout=20) == 125
@@ -134,18 +139,168 @@ def test_a_killed_supervisor_ends_the_sandbox_never_lets_it_go_on(env, tmp_path)
     assert r.returncode == 0 and (work / "after").read_text() == "after\n"
 
 
-def test_another_uid_and_a_confined_client_are_not_served(env):
+# A client speaking the protocol itself: connects (from a thread if asked), sends a run
+# request with its own stdin/stdout/stderr/cwd, says "go" if accepted, prints each reply.
+RAW = r"""
+import os, socket, struct, sys, threading
+def request(path, argv):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(20)
+    s.connect(path)
+    body = b"SLK1" + struct.pack("<II", 1, len(argv)) + b"".join(a.encode() + b"\0" for a in argv)
+    body += struct.pack("<I", 0)
+    cwd = os.open(".", os.O_PATH)
+    s.sendmsg([body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", 0, 1, 2, cwd))])
+    replies = [s.recv(512)]
+    if replies[0] == b"A":
+        s.send(b"G")
+        replies.append(s.recv(512))
+    print(replies, flush=True)
+def confined_thread(path, argv):
+    import ctypes
+    ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, this thread only
+    request(path, argv)
+mode, path, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+if mode == "thread":
+    t = threading.Thread(target=confined_thread, args=(path, argv)); t.start(); t.join()
+else:
+    request(path, argv)
+"""
+
+
+def test_another_uid_and_a_confined_client_are_not_served(env, tmp_path):
     _wait_served(env)
     if os.geteuid() == 0:  # only root can be another uid here
         _another_uid_is_refused(env)
-    # no_new_privs (as under any Landlock sandbox): the command runs in-process instead.
+    # no_new_privs (as under any Landlock sandbox): the command runs in-process instead,
+    # the client not even asking (nor starting a service that would inherit it).
     r = client(env, "run", "--", "sh", "-c", "grep NoNewPrivs /proc/self/status", debug=True)
     assert "accepted" in r.stderr
     e = dict(env, SANDLOCK_SERVICE_DEBUG="1")
     r = subprocess.run(["setpriv", "--no-new-privs", CLIENT, "run", "--", "echo", "ran"],
                        env=e, capture_output=True, text=True, timeout=60,
                        stdin=subprocess.DEVNULL)
-    assert r.stdout == "ran\n" and "NoNewPrivs (1) differs" in r.stderr, r.stderr
+    assert r.stdout == "ran\n" and "this process is confined" in r.stderr, r.stderr
+    # A process speaking the protocol itself gets the same answer from the service.
+    flag = tmp_path / "ran"
+    argv = ["run", "-w", str(tmp_path), "--", "touch", str(flag)]
+    r = subprocess.run(["setpriv", "--no-new-privs", sys.executable, "-c", RAW, "process",
+                        _sock(env), *argv], capture_output=True, text=True, timeout=60)
+    assert "NoNewPrivs (1) differs" in r.stdout and not flag.exists(), (r.stdout, r.stderr)
+    # The attack: one thread confined (no_new_privs, a Landlock domain, a seccomp filter
+    # are all per thread), the leader not; /proc/PID/status shows the leader's.
+    r = subprocess.run([sys.executable, "-c", RAW, "thread", _sock(env), *argv],
+                       capture_output=True, text=True, timeout=60)
+    assert "not a single live thread" in r.stdout and not flag.exists(), (r.stdout, r.stderr)
+    # Nor a process that is not the client (the client only ever connects for itself).
+    r = subprocess.run([sys.executable, "-c", RAW, "process", _sock(env), *argv],
+                       capture_output=True, text=True, timeout=60)
+    assert "does not run the sandlock client" in r.stdout and not flag.exists(), r.stdout
+    # The control: the same request from the client runs.
+    r = client(env, *argv, debug=True)
+    assert "accepted" in r.stderr and flag.exists(), r.stderr
+
+
+def test_a_sandbox_cannot_reach_the_service_through_its_supervisor(env, tmp_path):
+    """The attack: a sandbox granted unix sockets beneath the service's directory (a grant
+    of $XDG_RUNTIME_DIR for a desktop's sockets) connects; its supervisor performs the
+    connect() on its behalf, so the connection carries the supervisor's credentials — an
+    unconfined process of the user's. The service must still refuse to run its command."""
+    _wait_served(env)
+    flag = tmp_path / "escaped"
+    raw = tmp_path / "raw.py"
+    raw.write_text(RAW)
+    argv = ["run", "-w", str(tmp_path), "--", "touch", str(flag)]
+    r = in_process(dict(env, SANDLOCK_SERVICE="0"), "run", "-r", str(raw), "--net-allow-unix",
+                   env["XDG_RUNTIME_DIR"], "--", sys.executable, str(raw), "process",
+                   _sock(env), *argv)
+    assert r.stdout.startswith("[b'F") and not flag.exists(), (r.stdout, r.stderr)
+    assert "malformed" not in r.stdout  # refused for who it is, not for how it asked
+    # The control: the grant does reach the socket (the service answered the sandbox).
+    assert "b'F" in r.stdout and "Permission denied" not in r.stderr
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_an_impostor_socket_gets_nothing(env, tmp_path, threads):
+    """A sandbox allowed to write the service's directory puts its own socket there: the
+    next caller's environment, stdin and terminal must not reach it. Single-threaded, the
+    sandbox listens itself (a confined listener); multi-threaded, its supervisor listens
+    for it (an unconfined process of the user's, which holds no service lock)."""
+    _wait_served(env)
+    d = os.path.dirname(_sock(env))
+    got = tmp_path / "got"
+    impostor = ("import os, socket, sys, threading, time\n"
+                f"for _ in range({threads} - 1):\n"
+                "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+                "p = sys.argv[1]\nos.unlink(p)\n"
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\ns.bind(p)\n"
+                "s.listen(8)\nprint('listening', flush=True)\ns.settimeout(30)\n"
+                "c, _ = s.accept()\nc.settimeout(5)\n"
+                "data = b''\n"
+                "try:\n    data = c.recv(1 << 20)\nexcept OSError:\n    pass\n"
+                "open(sys.argv[2], 'wb').write(data)\n")
+    sb = subprocess.Popen(IN_PROCESS + ["run", "-w", d, "-w", str(tmp_path), "--",
+                                        sys.executable, "-c", impostor, _sock(env), str(got)],
+                          env=dict(env, SANDLOCK_SERVICE="0"), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        assert sb.stdout.readline() == "listening\n", sb.stderr.read()
+        r = client(dict(env, SVC_SECRET="hunter2"), "run", "--", "echo", "ran", debug=True)
+        why = "confined otherwise" if threads == 1 else "does not hold the service's lock"
+        assert r.stdout == "ran\n" and why in r.stderr, r.stderr
+        # It was connected to (and so could have been handed everything), and got nothing.
+        assert sb.wait(timeout=30) == 0
+        assert got.read_bytes() == b""
+    finally:
+        sb.kill()
+        sb.wait()
+    # The real service noticed its socket gone and left; a new one serves the next calls.
+    _wait_served(env)
+
+
+def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
+    """Limits, nice value, umask, OOM score, execution domain, ignored signals: what the
+    caller has (read from the kernel, not from what the client says), as in-process."""
+    _wait_served(env)
+    show = ("ulimit -Hn; ulimit -Sn; umask; nice; cat /proc/self/oom_score_adj; "
+            "cat /proc/self/personality; grep -E '^Sig(Ign|Blk)' /proc/self/status")
+    wrap = ("ulimit -Sn 200; ulimit -Hn 300; umask 027; trap '' HUP USR1; "
+            "echo 150 > /proc/self/oom_score_adj; "
+            f"exec setarch $(uname -m) -R nice -n 3 \"$@\" run -- sh -c \"{show}\"")
+    a = subprocess.run(["sh", "-c", wrap, "sh", *IN_PROCESS], env=env, capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    b = subprocess.run(["sh", "-c", wrap, "sh", CLIENT], capture_output=True, text=True,
+                       env=dict(env, SANDLOCK_SERVICE_DEBUG="1"), timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert "service: accepted" in b.stderr
+    assert a.stdout.split("\n")[:6] == ["300", "200", "0027", "3", "150", "00040000"], a.stdout
+    assert (b.returncode, b.stdout) == (a.returncode, a.stdout)
+
+
+def test_a_sandbox_cannot_tie_up_the_service(env):
+    """Connections from a confined process are answered (refused) at once, not held: the
+    service's children stay few and a caller is still served meanwhile."""
+    _wait_served(env)
+    service = _service_pid(env)
+    hog = ("import socket, sys, time\nheld = []\n"
+           "for _ in range(150):\n"
+           "    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+           "    s.connect(sys.argv[1]); held.append(s)\n"
+           "print('holding', flush=True)\ntime.sleep(30)\n")
+    sb = subprocess.Popen(IN_PROCESS + ["run", "--net-allow-unix", env["XDG_RUNTIME_DIR"],
+                                        "--", sys.executable, "-c", hog, _sock(env)],
+                          env=dict(env, SANDLOCK_SERVICE="0"), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    try:
+        assert sb.stdout.readline() == "holding\n", sb.stderr.read()
+        time.sleep(0.5)
+        children = [p for p in _pids() if _ppid(p) == service]
+        assert len(children) <= 6, f"{len(children)} children serve one sandbox's sockets"
+        r = client(env, "run", "--", "echo", "served", debug=True)
+        assert r.stdout == "served\n" and "accepted" in r.stderr, r.stderr
+    finally:
+        sb.kill()
+        sb.wait()
 
 
 def _another_uid_is_refused(env):
@@ -161,7 +316,7 @@ def _another_uid_is_refused(env):
     os.chmod(path, 0o666)
     code = ("import socket, sys\ns = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
             "s.settimeout(10)\ns.connect(sys.argv[1])\n"
-            "s.send(b'SLK1' + bytes(4 * 4 + 16 * 16 + 4))\nprint(s.recv(512).decode())")
+            "s.send(b'SLK1' + bytes(12) + b'x')\nprint(s.recv(512).decode())")
     try:
         r = subprocess.run([PY, "-c", code, path], user=65534, group=65534,
                            capture_output=True, text=True, timeout=30)
@@ -228,6 +383,14 @@ def _ppid(pid):
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode() for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return []
 
 
 def _running(marker):

@@ -74,6 +74,12 @@ def prepare() -> None:
     _install()
 
 
+def installed() -> int | None:
+    """The signal `interrupt` sends if this process has installed it already, else None
+    (nothing is installed by asking). Python's signal.getsignal does not know it."""
+    return _signal
+
+
 def signal_number() -> int | None:
     """The signal `interrupt` sends (None: none could be installed)."""
     return _install()

@@ -27,6 +27,9 @@ NR_CAPGET = 125
 NR_CAPSET = 126
 NR_PRCTL = 157
 NR_PTRACE = 101
+NR_PERSONALITY = 135
+NR_IOPRIO_SET = 251
+NR_IOPRIO_GET = 252
 
 
 def syscall(nr: int, *args) -> int:

@@ -4,18 +4,26 @@
  *
  * For `sandlock run|net-run|pipe ...` it asks the user's CLI service to run the command
  * (a warm Python process: no interpreter start, no imports), handing it this process's
- * stdin, stdout, stderr and working directory (SCM_RIGHTS), its environment, umask, nice
- * value, CPU affinity and resource limits; it relays the signals it receives and exits
- * with the status the service reports. Everything else, and every case it is unsure of,
+ * stdin, stdout, stderr and working directory (SCM_RIGHTS) and its environment (the
+ * service reads this process's other attributes — limits, nice value, umask, signals... —
+ * from the kernel); it relays the signals it receives (those not ignored when it started)
+ * and exits with the status the service reports. Everything else, and every case it is unsure of,
  * runs today's Python CLI in this process (exec `python -P -m sandlock ARGS`), so behaviour
  * never depends on which path ran:
  *   - another subcommand, -h/--help, -i/--interactive, or a terminal on fd 0, 1 or 2 (a
  *     terminal's foreground and job control need the program in this session);
  *   - SANDLOCK_SERVICE=0;
+ *   - this process under no_new_privs or a seccomp filter (see confined());
  *   - no service yet (one is started in the background for the next call) or one that
  *     does not answer within 2 s, refuses this client (service/peer.py), or goes away
  *     before it said "accepted". The command runs only after this client said "go", so a
- *     client that fell back never has it run twice.
+ *     client that fell back never has it run twice;
+ *   - a socket whose listener is not a service of ours: another uid, or a process confined
+ *     otherwise than this one (no_new_privs, seccomp, capabilities, namespaces differ) —
+ *     what a sandbox allowed to write the socket's directory could put there to collect
+ *     the next caller's environment and terminal. Nothing is sent to it, and a service is
+ *     started in the background (the real one, if alive, notices its socket is gone and
+ *     exits; the new one replaces the impostor's socket).
  * SANDLOCK_PYTHON overrides the interpreter built in (SANDLOCK_PYTHON_DEFAULT);
  * SANDLOCK_SERVICE_DEBUG=1 says on stderr whether the service took the command, or why not.
  */
@@ -23,15 +31,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -66,6 +74,21 @@ static void fall_back(int argc, char **argv) {
     _exit(125);
 }
 
+static ssize_t read_file(const char *path, char *buf, size_t len);
+static int status_field(const char *text, const char *field, char *out, size_t outlen);
+
+/* Under no_new_privs or a seccomp filter (any Landlock sandbox of an unprivileged process,
+ * Sandlock's, bubblewrap's): never the service, which runs commands with its own
+ * confinement — and never starting one, which would inherit this process's. */
+static int confined(void) {
+    static char text[8192];
+    char v[64];
+    if (read_file("/proc/self/status", text, sizeof text) <= 0)
+        return 1;
+    return status_field(text, "NoNewPrivs", v, sizeof v) != 0 || strcmp(v, "\t0") != 0
+           || status_field(text, "Seccomp", v, sizeof v) != 0 || strcmp(v, "\t0") != 0;
+}
+
 static int eligible(int argc, char **argv) {
     const char *off = getenv("SANDLOCK_SERVICE");
     if (off != NULL && strcmp(off, "0") == 0)
@@ -80,12 +103,19 @@ static int eligible(int argc, char **argv) {
     for (int fd = 0; fd < 3; fd++)
         if (isatty(fd) || fcntl(fd, F_GETFD) < 0)
             return 0;
+    if (confined()) {
+        if (getenv("SANDLOCK_SERVICE_DEBUG") != NULL)
+            fprintf(stderr, "sandlock: service: not used: this process is confined "
+                            "(no_new_privs or seccomp)\n");
+        return 0;
+    }
     return 1;
 }
 
+static char dir[sizeof ((struct sockaddr_un *)0)->sun_path];  /* the service's directory */
+
 static int socket_path(struct sockaddr_un *sa) {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
-    char dir[sizeof sa->sun_path];
     int n = xdg != NULL && *xdg ? snprintf(dir, sizeof dir, "%s/sandlock", xdg)
                                 : snprintf(dir, sizeof dir, "/tmp/sandlock-%u", geteuid());
     if (n < 0 || (size_t)n >= sizeof dir)
@@ -101,6 +131,116 @@ static int socket_path(struct sockaddr_un *sa) {
     return n < 0 || (size_t)n >= sizeof sa->sun_path ? -1 : 0;
 }
 
+/* A process's /proc status line `field`, value only; 0 on success. */
+static int status_field(const char *text, const char *field, char *out, size_t outlen) {
+    size_t fl = strlen(field);
+    for (const char *p = text; p != NULL && *p; p = strchr(p, '\n'), p = p ? p + 1 : p) {
+        if (strncmp(p, field, fl) == 0 && p[fl] == ':') {
+            const char *v = p + fl + 1, *end = strchr(v, '\n');
+            size_t n = end ? (size_t)(end - v) : strlen(v);
+            if (n >= outlen)
+                return -1;
+            memcpy(out, v, n);
+            out[n] = 0;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static ssize_t read_file(const char *path, char *buf, size_t len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, len - 1);
+    close(fd);
+    if (n >= 0)
+        buf[n] = 0;
+    return n;
+}
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* Whether process `pid` holds the service's lock: an flock on service.lock in the
+ * service's directory, a regular file of this user's with no other name (/proc/locks). */
+static int holds_lock(pid_t pid) {
+    char path[sizeof dir + 16];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/service.lock", dir);
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()
+        || st.st_nlink != 1)
+        return 0;
+    FILE *f = fopen("/proc/locks", "re");
+    if (f == NULL)
+        return 0;
+    char line[256], kind[16], mode[16], rw[16];
+    int holder;
+    unsigned maj, min;
+    unsigned long ino;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f) != NULL)
+        found = sscanf(line, "%*d: %15s %15s %15s %d %x:%x:%lu", kind, mode, rw, &holder,
+                       &maj, &min, &ino) == 7
+                && strcmp(kind, "FLOCK") == 0 && strcmp(rw, "WRITE") == 0 && holder == pid
+                && maj == major(st.st_dev) && min == minor(st.st_dev) && ino == st.st_ino;
+    fclose(f);
+    return found;
+}
+
+/* Why the listener at the other end of `sock` is not a service of ours, or NULL: it must
+ * be of this uid, confined exactly as this process is (the fields below, and the same
+ * namespaces), hold the service's lock, and still be the process that listened (its
+ * pidfd, so the pid was not reused). The service checks its clients the same way
+ * (service/peer.py). The lock tells the service from a process listening for a sandbox:
+ * a supervisor performs a multi-threaded sandbox's listen() itself
+ * (supervisor/connect.py), so such a socket's listener is an unconfined process of the
+ * user's — one that holds no lock on this directory's file. */
+static const char *not_ours(int sock) {
+    static const char *const fields[] = {"Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp",
+                                         "Seccomp_filters", "CapInh", "CapPrm", "CapEff",
+                                         "CapBnd", "CapAmb"};
+    static const char *const namespaces[] = {"mnt", "pid", "net", "user", "uts", "ipc",
+                                             "cgroup"};
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid())
+        return "its listener is of another uid";
+    int pidfd;
+    len = sizeof pidfd;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) != 0)
+        return "its listener is gone";
+    static char mine[8192], theirs[8192];
+    char path[64], a[512], b[512];
+    const char *why = NULL;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)cred.pid);
+    if (read_file("/proc/self/status", mine, sizeof mine) <= 0
+        || read_file(path, theirs, sizeof theirs) <= 0)
+        why = "its listener's status cannot be read";
+    for (size_t i = 0; why == NULL && i < sizeof fields / sizeof *fields; i++) {
+        if (status_field(mine, fields[i], a, sizeof a) != 0)
+            continue;  /* a field this kernel does not show: the same for both */
+        if (status_field(theirs, fields[i], b, sizeof b) != 0 || strcmp(a, b) != 0)
+            why = "its listener is confined otherwise than this process";
+    }
+    for (size_t i = 0; why == NULL && i < sizeof namespaces / sizeof *namespaces; i++) {
+        struct stat s1, s2;
+        snprintf(path, sizeof path, "/proc/self/ns/%s", namespaces[i]);
+        if (stat(path, &s1) != 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)cred.pid, namespaces[i]);
+        if (stat(path, &s2) != 0 || s1.st_ino != s2.st_ino || s1.st_dev != s2.st_dev)
+            why = "its listener is in other namespaces";
+    }
+    if (why == NULL && !holds_lock(cred.pid))
+        why = "its listener does not hold the service's lock";
+    if (why == NULL && syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0) != 0)
+        why = "its listener is gone";
+    close(pidfd);
+    return why;
+}
+
 /* A service for the next call, detached from this one (its own session, no terminal). */
 static void start_service(void) {
     pid_t pid = fork();
@@ -109,6 +249,14 @@ static void start_service(void) {
     if (pid == 0) {
         if (setsid() < 0 || fork() != 0)
             _exit(0);
+        /* Nothing of this caller's that is not the service's own: no fds beyond 0-2, no
+         * blocked or ignored signals (each request takes its client's from the kernel). */
+        syscall(SYS_close_range, 3, ~0U, 0);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        for (int sig = 1; sig < NSIG; sig++)
+            signal(sig, SIG_DFL);
         int null = open("/dev/null", O_RDWR | O_CLOEXEC);
         if (null >= 0) {
             dup2(null, 0);
@@ -160,27 +308,8 @@ static int request(struct buf *b, int argc, char **argv) {
     int envc = 0;
     while (environ[envc] != NULL)
         envc++;
-    mode_t mask = umask(022);
-    umask(mask);
-    errno = 0;
-    int nice = getpriority(PRIO_PROCESS, 0);
-    if (errno != 0)
-        return -1;
-    if (put(b, "SLK1", 4) || put_u32(b, 1) || put_strings(b, argv + 1, argc - 1)
-        || put_strings(b, environ, envc) || put_u32(b, (uint32_t)mask) || put(b, &nice, 4))
-        return -1;
-    for (int r = 0; r < 16; r++) {
-        struct rlimit rl;
-        if (getrlimit(r, &rl) != 0)
-            return -1;
-        uint64_t v[2] = {rl.rlim_cur, rl.rlim_max};
-        if (put(b, v, sizeof v))
-            return -1;
-    }
-    cpu_set_t cpus;
-    if (sched_getaffinity(0, sizeof cpus, &cpus) != 0)
-        return -1;
-    return put_u32(b, sizeof cpus) || put(b, &cpus, sizeof cpus);
+    return put(b, "SLK1", 4) || put_u32(b, 1) || put_strings(b, argv + 1, argc - 1)
+           || put_strings(b, environ, envc);
 }
 
 static int send_request(int sock, struct buf *b, int cwd) {
@@ -225,6 +354,14 @@ int main(int argc, char **argv) {
             start_service();
         fall_back(argc, argv);
     }
+    const char *why = not_ours(sock);
+    if (why != NULL) {
+        if (getenv("SANDLOCK_SERVICE_DEBUG") != NULL)
+            fprintf(stderr, "sandlock: service: not used: %s\n", why);
+        close(sock);
+        start_service();
+        fall_back(argc, argv);
+    }
     struct buf b = {0};
     int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (cwd < 0 || request(&b, argc, argv) != 0 || send_request(sock, &b, cwd) != 0)
@@ -250,12 +387,17 @@ int main(int argc, char **argv) {
     struct sigaction act = {0};
     act.sa_handler = on_signal;
     sigemptyset(&act.sa_mask);
-    for (size_t i = 0; i < sizeof RELAYED / sizeof *RELAYED; i++)
-        sigaction(RELAYED[i], &act, NULL);
+    for (size_t i = 0; i < sizeof RELAYED / sizeof *RELAYED; i++) {
+        struct sigaction old;
+        /* One ignored when this started (nohup, a background job) is not relayed: the
+         * in-process CLI would not have received it either. */
+        if (sigaction(RELAYED[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(RELAYED[i], &act, NULL);
+    }
     signal(SIGPIPE, SIG_IGN);
     if (send(sock, "G", 1, MSG_NOSIGNAL) != 1)
         fall_back(argc, argv);  /* it never ran: "go" did not reach it */
-    int last_signal = 0;
+    int last_signal = 0, first = 1;
     for (;;) {
         struct pollfd p[2] = {{sock, POLLIN, 0}, {sig_pipe[0], POLLIN, 0}};
         if (poll(p, 2, -1) < 0) {
@@ -273,6 +415,9 @@ int main(int argc, char **argv) {
         }
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
             n = recv(sock, reply, sizeof reply, 0);
+            if (first && n >= 1 && reply[0] == 'F')
+                fall_back(argc, argv);  /* "go" came too late for it: nothing ran */
+            first = 0;
             if (n == 5 && reply[0] == 'X') {
                 int32_t status;
                 memcpy(&status, reply + 1, 4);

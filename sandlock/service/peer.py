@@ -1,17 +1,33 @@
-"""Who may have the CLI service run a command: a process of this user that is confined no
-more than the service itself.
+"""Who may have the CLI service run a command, and with what process attributes: a
+single-threaded process of this user that is confined no more than the service itself,
+whose attributes are read from the kernel, never taken from what it says.
 
 The service runs what a client asks with the service's own credentials, namespaces,
 capabilities and confinement, so a client must not be able to obtain more through it than
 it holds. A client is served only if, at the moment it is checked, it is alive (a pidfd
-taken from the connection, SO_PEERPIDFD: the pid cannot have been reused) and it has the
-service's uids, gids and groups, the same namespaces, the same capability sets, the same
-LSM label, no_new_privs and seccomp state. A process under any seccomp filter or with
-no_new_privs set — every Landlock domain of an unprivileged process, every Sandlock
-sandbox, bubblewrap, most agent sandboxes — is told to fall back, and the client then runs
-today's in-process CLI, which nests inside whatever confines it. Not seen here: a Landlock
-domain that a process with CAP_SYS_ADMIN entered without no_new_privs (the kernel offers no
-way to ask), and cgroup membership (the sandbox runs in the service's cgroup).
+taken from the connection, SO_PEERPIDFD: the pid cannot have been reused), it has exactly
+one task (Landlock domains, seccomp filters and no_new_privs belong to a thread: in a
+process of several, /proc/PID/status shows only the leader's, which may be the one thread
+not confined) and that task has the service's uids, gids and groups, the same namespaces,
+the same capability sets, the same LSM label, no_new_privs and seccomp state. A process
+under any seccomp filter or with no_new_privs set — every Landlock domain of an
+unprivileged process, every Sandlock sandbox, bubblewrap, most agent sandboxes — is told
+to fall back, and the client then runs the in-process CLI, which nests inside whatever
+confines it. Not seen here: a Landlock domain that a process with CAP_SYS_ADMIN entered
+without no_new_privs (the kernel offers no way to ask), and cgroup membership (the
+sandbox runs in the service's cgroup).
+
+A command is run only for a process that runs the sandlock client itself (its executable
+has the client's bytes): a program that connects on behalf of another — a sandbox's
+supervisor performs a sandboxed connect() to a granted unix socket itself, so the
+connection carries the supervisor's credentials, not the sandbox's — is not the client,
+and the client only ever connects for itself. (`sandlock service status|stop` may come
+from the Python CLI.)
+
+What the command inherits from the caller (resource limits, nice value, CPU affinity,
+umask, I/O priority, OOM score adjustment, execution domain, ignored and blocked signals)
+is read here from the client process itself, in the same window as the checks: a client
+cannot ask for more than it has.
 
 A check that cannot be made (a /proc file unreadable) refuses.
 """
@@ -19,19 +35,24 @@ A check that cannot be made (a /proc file unreadable) refuses.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
+import struct
+
+from .._kernel import procattr
 
 SO_PEERPIDFD = 77  # Linux 6.5
 NAMESPACES = ("mnt", "pid", "net", "user", "uts", "ipc", "cgroup", "time")
 STATUS_FIELDS = ("Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp", "Seccomp_filters",
                  "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+RLIMITS = 16  # RLIM_NLIMITS
 
 
 def _status(pid: int | str) -> dict[str, str]:
     with open(f"/proc/{pid}/status") as f:
         lines = dict(line.rstrip("\n").split(":", 1) for line in f if ":" in line)
-    return {k: " ".join(lines.get(k, "?").split()) for k in STATUS_FIELDS}
+    return {k: " ".join(v.split()) for k, v in lines.items()}
 
 
 def _label(pid: int | str) -> bytes:
@@ -52,33 +73,141 @@ def _namespaces(pid: int | str) -> tuple:
     return tuple(out)
 
 
-def refusal(conn: socket.socket) -> str | None:
-    """Why the process at the other end of `conn` may not be served, or None."""
-    pid, uid, gid = __import__("struct").unpack(
-        "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+def _signals(mask_hex: str) -> set[int]:
+    mask = int(mask_hex, 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def _is_client(pid: int, client: bytes | None) -> bool:
+    """The process runs the sandlock client (its executable holds the same bytes)."""
+    if not client:
+        return False
+    try:
+        with open(f"/proc/{pid}/exe", "rb") as f:
+            return f.read(len(client) + 1) == client
+    except OSError:
+        return False
+
+
+def _attributes(pid: int, status: dict[str, str]) -> dict:
+    with open(f"/proc/{pid}/oom_score_adj") as f:
+        oom = int(f.read())
+    with open(f"/proc/{pid}/personality") as f:  # the client's own uid: readable
+        persona = int(f.read(), 16)
+    return {
+        "limits": [resource.prlimit(pid, r) for r in range(RLIMITS)],
+        "nice": os.getpriority(os.PRIO_PROCESS, pid),
+        "cpus": os.sched_getaffinity(pid),
+        "umask": int(status["Umask"], 8),
+        "ioprio": procattr.ioprio(pid),
+        "oom_score_adj": oom,
+        "personality": persona,
+        "ignored": _signals(status["SigIgn"]),
+        "blocked": _signals(status["SigBlk"]),
+    }
+
+
+def inspect(conn: socket.socket, client: bytes | None = None
+            ) -> tuple[str | None, dict | None]:
+    """(why the process at the other end of `conn` may not be served, None) or
+    (None, its attributes; "client": whether it runs the sandlock client, whose
+    executable's bytes are `client`)."""
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET,
+                                                        socket.SO_PEERCRED, 12))
     if uid != os.geteuid() or gid != os.getegid():
-        return f"uid {uid}/gid {gid} is not this service's"
+        return f"uid {uid}/gid {gid} is not this service's", None
     try:
         pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
     except OSError as e:
-        return f"no pidfd of the client ({e.strerror})"
+        return f"no pidfd of the client ({e.strerror})", None
     try:
         try:
+            tasks = os.listdir(f"/proc/{pid}/task")
             mine = (_status("self"), _namespaces("self"), _label("self"))
             theirs = (_status(pid), _namespaces(pid), _label(pid))
-        except OSError as e:
-            return f"the client's /proc entries cannot be read ({e.strerror})"
+            attrs = _attributes(pid, theirs[0])
+            attrs["client"] = _is_client(pid, client)
+        except (OSError, KeyError, ValueError) as e:
+            return f"the client's /proc entries cannot be read ({e})", None
         try:
             signal.pidfd_send_signal(pidfd, 0)  # still the process that connected
         except OSError:
-            return "the client is gone"
+            return "the client is gone", None
     finally:
         os.close(pidfd)
+    if len(tasks) != 1 or theirs[0].get("State", "Z")[:1] == "Z":
+        return "the client is not a single live thread", None
     if theirs[1] != mine[1]:
-        return "the client is in other namespaces"
+        return "the client is in other namespaces", None
     if theirs[2] != mine[2]:
-        return "the client has another LSM label"
+        return "the client has another LSM label", None
     for field in STATUS_FIELDS:
-        if theirs[0][field] != mine[0][field]:
-            return f"the client's {field} ({theirs[0][field]}) differs from the service's"
+        if theirs[0].get(field, "?") != mine[0].get(field, "?"):
+            return (f"the client's {field} ({theirs[0].get(field, '?')}) differs from the "
+                    "service's"), None
+    return None, attrs
+
+
+def refusal(conn: socket.socket) -> str | None:
+    """Why the process at the other end of `conn` may not be served, or None."""
+    return inspect(conn)[0]
+
+
+def take_on(attrs: dict) -> str | None:
+    """Give this process (a service child, about to run the CLI) the client's attributes;
+    why it cannot, or None. Each is set only where it differs, and with this process's
+    rights, which are the client's (same credentials and capabilities, checked above) —
+    except that a service started with more restricted attributes (a lower hard limit, a
+    higher nice value) cannot serve a client with fewer restrictions: that one falls back."""
+    for res, lim in enumerate(attrs["limits"]):
+        try:
+            if resource.getrlimit(res) != lim:
+                resource.setrlimit(res, lim)
+        except (OSError, ValueError) as e:
+            return f"resource limit {res} {lim}: {e}"
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) != attrs["nice"]:
+            os.setpriority(os.PRIO_PROCESS, 0, attrs["nice"])
+        if os.sched_getaffinity(0) != attrs["cpus"]:
+            os.sched_setaffinity(0, attrs["cpus"])
+        if procattr.personality() != attrs["personality"]:
+            procattr.set_personality(attrs["personality"])
+        if procattr.ioprio(0) != attrs["ioprio"]:
+            procattr.set_ioprio(attrs["ioprio"])
+        with open("/proc/self/oom_score_adj", "r+") as f:
+            if int(f.read()) != attrs["oom_score_adj"]:
+                f.seek(0)
+                f.write(str(attrs["oom_score_adj"]))
+    except OSError as e:
+        return f"nice value, CPU affinity, execution domain, I/O priority or OOM score: {e}"
+    os.umask(attrs["umask"])
     return None
+
+
+def take_signals(attrs: dict) -> None:
+    """The client's ignored and blocked signals, as a Python CLI started by the client
+    would have them: ignored stay ignored (SIGINT too), SIGPIPE and SIGXFSZ ignored
+    (Python's start does that), SIGINT raising KeyboardInterrupt, the rest default —
+    except where Sandlock installed a handler of its own, as it does in any process."""
+    from .._kernel import interrupt
+    ignored = attrs["ignored"]
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, interrupt.installed()) or not 0 < sig < 65:
+            continue  # the supervisor threads' interrupt signal keeps its handler
+        try:
+            current = signal.getsignal(sig)
+        except ValueError:
+            continue
+        if current not in (signal.SIG_IGN, signal.SIG_DFL, signal.default_int_handler):
+            continue  # a handler Sandlock installed from Python: kept
+        if sig in ignored or sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            handler = signal.SIG_IGN
+        elif sig == signal.SIGINT:
+            handler = signal.default_int_handler
+        else:
+            handler = signal.SIG_DFL
+        try:
+            signal.signal(sig, handler)
+        except (OSError, ValueError):
+            pass  # a signal the C library reserves for itself (32, 33)
+    signal.pthread_sigmask(signal.SIG_SETMASK, attrs["blocked"])

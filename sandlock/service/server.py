@@ -3,22 +3,28 @@ seconds without a request (or when Sandlock's code on disk changes).
 
 Design: a pre-forking server. The parent imports and warms the CLI (parsers, policy
 building, the filter compiler) and stays single-threaded; it keeps SPARE forked children
-waiting in accept() on the listening socket. A child serves exactly one client and exits:
-it checks the peer (peer.py), takes the client's stdin/stdout/stderr and working
-directory (SCM_RIGHTS), environment, umask, nice value, CPU affinity and resource limits,
-and then runs today's CLI (sandlock.cli.main) with them: the same code, the same output,
-the same exit status as `python -m sandlock`, without the interpreter's start and the
-imports. The sandbox's supervisor is that child; the parent never supervises anything.
+waiting in accept() on the listening socket, at most MAX_BUSY serving at once. A child
+serves exactly one client and exits: it checks the peer and reads from the kernel the
+client's process attributes (peer.py: resource limits, nice value, affinity, umask, I/O
+priority, OOM score, execution domain, ignored and blocked signals), takes its stdin,
+stdout, stderr and working directory (SCM_RIGHTS) and environment, and then runs today's
+CLI (sandlock.cli.main) with them: the same code, the same output, the same exit status as
+`python -m sandlock`, without the interpreter's start and the imports. The sandbox's
+supervisor is that child; the parent never supervises anything.
 
 Protocol (SOCK_SEQPACKET, one message each):
   client -> child: the request, with fds [stdin, stdout, stderr, cwd] (see _parse)
-  child -> client: b"A" (accepted) or b"F" + reason (fall back: run the CLI in-process)
+  child -> client: b"A" (accepted) or b"F" + reason (fall back: run the CLI in-process);
+                   a refused peer gets its "F" before the child reads anything
   client -> child: b"G" (go: the client still waits; without it nothing runs, so a client
                    that gave up and fell back never runs the command twice)
+  child -> client: b"F" if "go" did not come within REPLY_WAIT (nothing ran)
   client -> child: b"S" + signal number, for each signal the client receives
   child -> client: b"X" + int32 exit status, last
 A client that disappears (EOF) is handled as the in-process CLI killed by SIGKILL: the
-child dies, and with it (PR_SET_PDEATHSIG in sandlock-init.c) the sandbox.
+child dies, and with it (PR_SET_PDEATHSIG in sandlock-init.c) the sandbox. The client
+checks the service in turn (sandlock-client.c): a socket that a confined process of the
+user's put in the service's place is never handed anything.
 
 Files (a directory of the user's alone, mode 0700): $XDG_RUNTIME_DIR/sandlock/ or
 /tmp/sandlock-UID/: service.sock, service.lock (held by the live service: a second one
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import resource
 import select
 import signal
 import socket
@@ -43,6 +48,7 @@ from . import peer
 IDLE = 600.0          # seconds without a request before the service exits
 SPARE = 2             # children waiting in accept()
 REPLY_WAIT = 2.0      # seconds a child waits for a client's request, then for its "go"
+MAX_BUSY = 64         # children serving at once; more clients wait in the backlog or fall back
 MAX_REQUEST = 1 << 20
 MAGIC = b"SLK1"
 KIND_RUN, KIND_STATUS, KIND_STOP = 1, 2, 3
@@ -69,9 +75,8 @@ def _own_directory(path: str) -> str:
 
 
 def _parse(msg: bytes) -> dict:
-    """The client's request (all integers little-endian; strings NUL-terminated):
-    MAGIC, u32 kind, u32 argc, argv, u32 envc, env, u32 umask, i32 nice,
-    16 x (u64 soft, u64 hard) resource limits, u32 n, n bytes of CPU affinity mask."""
+    """The client's request (integers little-endian; strings NUL-terminated):
+    MAGIC, u32 kind, u32 argc, argv, u32 envc, env."""
     if not msg.startswith(MAGIC):
         raise ValueError("not a sandlock client")
     pos = len(MAGIC)
@@ -94,38 +99,9 @@ def _parse(msg: bytes) -> dict:
     kind = u32()
     argv = strings(u32())
     env = strings(u32())
-    umask = u32()
-    (nice,) = struct.unpack_from("<i", msg, pos)
-    pos += 4
-    limits = [struct.unpack_from("<QQ", msg, pos + 16 * i) for i in range(16)]
-    pos += 16 * 16
-    n = u32()
-    mask = msg[pos:pos + n]
-    cpus = {i for i in range(len(mask) * 8) if mask[i // 8] >> (i % 8) & 1}
-    return {"kind": kind, "argv": argv, "env": env, "umask": umask, "nice": nice,
-            "limits": limits, "cpus": cpus}
-
-
-def _apply(req: dict) -> str | None:
-    """Take on the client's process attributes; why not, or None."""
-    inf = resource.RLIM_INFINITY
-    for res, (soft, hard) in enumerate(req["limits"]):
-        soft = inf if soft == 0xFFFFFFFFFFFFFFFF else soft
-        hard = inf if hard == 0xFFFFFFFFFFFFFFFF else hard
-        try:
-            if resource.getrlimit(res) != (soft, hard):
-                resource.setrlimit(res, (soft, hard))
-        except (OSError, ValueError) as e:
-            return f"resource limit {res} ({soft}, {hard}): {e}"
-    try:
-        if os.getpriority(os.PRIO_PROCESS, 0) != req["nice"]:
-            os.setpriority(os.PRIO_PROCESS, 0, req["nice"])
-        if req["cpus"] and os.sched_getaffinity(0) != req["cpus"]:
-            os.sched_setaffinity(0, req["cpus"])
-    except OSError as e:
-        return f"nice value or CPU affinity: {e.strerror}"
-    os.umask(req["umask"] & 0o777)
-    return None
+    if pos != len(msg):
+        raise ValueError("trailing bytes")
+    return {"kind": kind, "argv": argv, "env": env}
 
 
 def _recv_request(conn: socket.socket):
@@ -138,49 +114,56 @@ def _recv_request(conn: socket.socket):
     return msg, fds, flags
 
 
-def _serve_one(conn: socket.socket, started: float) -> None:
+def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> None:
     """In a child: one client, from its request to its exit status."""
     fds: list[int] = []
-    why, req = "no request", None
     try:
-        why = peer.refusal(conn)
+        why, attrs = peer.inspect(conn, client)
+        if why is not None:  # before reading anything: a refused peer holds nothing up
+            conn.send(b"F" + why.encode()[:400])
+            return
         msg, fds, flags = _recv_request(conn)
-        if why is None and flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-            why = "request too large"
-        req = None
-        if why is None:
-            try:
-                req = _parse(msg)
-            except (ValueError, struct.error, IndexError) as e:
-                why = f"malformed request ({e})"
-        if why is None and req["kind"] == KIND_STATUS:
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise ValueError("too large")
+            req = _parse(msg)
+        except (ValueError, struct.error, IndexError) as e:
+            conn.send(b"F" + f"malformed request ({e})".encode()[:400])
+            return
+        if req["kind"] == KIND_STATUS:
             conn.send(b"A" + f"pid {os.getppid()}\nsocket {conn.getsockname()}\n"
                              f"up {time.time() - started:.0f}s\n".encode())
             return
-        if why is None and req["kind"] == KIND_STOP:
+        if req["kind"] == KIND_STOP:
             os.kill(os.getppid(), signal.SIGTERM)
             conn.send(b"A")
             return
-        if why is None and (req["kind"] != KIND_RUN or len(fds) != NFDS):
-            why = "malformed request"
-        if why is None:
-            why = _apply(req)
+        why = "malformed request" if req["kind"] != KIND_RUN or len(fds) != NFDS else None
+        if why is None and not attrs["client"]:
+            why = "the caller does not run the sandlock client"
+        why = why or peer.take_on(attrs)
         if why is not None:
             conn.send(b"F" + why.encode()[:400])
             return
         conn.send(b"A")
-        if conn.recv(16) != b"G":
-            return  # the client gave up: nothing ran
+        try:
+            go = conn.recv(16)
+        except TimeoutError:
+            go = b""
+        if go != b"G":
+            conn.send(b"F" + b"no go")  # the client, if still there, falls back: nothing ran
+            return
+        ready = fds
+        fds = []
     except OSError:
         return
     finally:
-        if fds and (why is not None or req is None or req["kind"] != KIND_RUN):
-            for fd in fds:
-                os.close(fd)
+        for fd in fds:
+            os.close(fd)
     for i in range(3):
-        os.dup2(fds[i], i)
-    os.fchdir(fds[3])
-    for fd in fds:
+        os.dup2(ready[i], i)
+    os.fchdir(ready[3])
+    for fd in ready:
         os.close(fd)
     os.environ.clear()
     os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
@@ -188,6 +171,7 @@ def _serve_one(conn: socket.socket, started: float) -> None:
     # for files only root may read (cached for a minute in a long-lived process).
     from .. import policy
     policy._root_only_cache = (0.0, ())
+    peer.take_signals(attrs)
     _run(conn, req["argv"])
 
 
@@ -332,9 +316,27 @@ def _warm_child() -> None:
         os.close(null)
 
 
+CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "_libexec", "sandlock-client")
+
+
+def _client_bytes() -> bytes | None:
+    """The C client's executable, as built with this code (peer._is_client)."""
+    try:
+        with open(CLIENT, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def _code_stamp() -> dict[str, float]:
-    """Sandlock's modules as loaded: a change on disk retires the service."""
+    """Sandlock's modules as loaded, and the client: a change on disk retires the
+    service."""
     out = {}
+    try:
+        out[CLIENT] = os.stat(CLIENT).st_mtime
+    except OSError:
+        out[CLIENT] = -1.0
     for name, mod in list(sys.modules.items()):
         path = getattr(mod, "__file__", None)
         if path and name.split(".")[0] in ("sandlock", "netpolicy"):
@@ -356,9 +358,38 @@ def _changed(stamp: dict[str, float]) -> bool:
     return False
 
 
+def _accept(listener: socket.socket, quit_r: int) -> socket.socket | None:
+    """In a spare child: the next client (the listener is non-blocking: another child may
+    take the one that woke us), or None once the service's quit pipe is closed."""
+    while True:
+        ready, _, _ = select.select([listener, quit_r], [], [])
+        if quit_r in ready:
+            return None
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            continue
+        conn.setblocking(True)
+        return conn
+
+
+def _still_ours(path: str, ino: int) -> bool:
+    """The socket clients connect to is this service's (not removed or replaced: then
+    this one exits, and the next call starts a service clients can reach)."""
+    try:
+        return os.stat(path).st_ino == ino
+    except OSError:
+        return False
+
+
 def serve(idle: float = IDLE) -> int:
     """Run the service in this process until idle, stopped or its code changes. 0, or 1
     when another service holds the lock (not an error for whoever started this one)."""
+    own = peer._status("self")
+    if own.get("NoNewPrivs") != "0" or own.get("Seccomp") != "0":
+        # It would run every request with this confinement, and serve the processes that
+        # look alike from outside (the same counts, not the same filters or domains).
+        raise PermissionError("the CLI service does not run under no_new_privs or seccomp")
     where = _own_directory(directory())
     os.chdir("/")  # holds no directory of the user's busy; requests bring their own
     lock = os.open(os.path.join(where, "service.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
@@ -381,12 +412,18 @@ def serve(idle: float = IDLE) -> int:
     listener.listen(128)
     ino = os.stat(path).st_ino
     _warm()
+    client = _client_bytes()
     stamp = _code_stamp()
     started = time.time()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     took_r, took_w = os.pipe()
+    # Spare children wait for a client or for this pipe's end: closed (by this process's
+    # exit, however it happens), it tells every waiting child to go. Never a signal: one
+    # that has just accepted a client would be killed with the client's command.
+    quit_r, quit_w = os.pipe()
+    listener.setblocking(False)
     idle_children: set[int] = set()
     busy: set[int] = set()
     last = time.monotonic()
@@ -399,20 +436,25 @@ def serve(idle: float = IDLE) -> int:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 os.close(took_r)
+                os.close(quit_w)
                 os.close(lock)
                 _warm_child()
-                conn, _ = listener.accept()
+                conn = _accept(listener, quit_r)
+                if conn is None:
+                    return
                 listener.close()
+                os.close(quit_r)
                 os.write(took_w, struct.pack("i", os.getpid()))
                 os.close(took_w)
-                _serve_one(conn, started)
+                _serve_one(conn, started, client)
             finally:
                 os._exit(0)
         idle_children.add(pid)
 
+    why = "stopped"
     try:
         while not stop:
-            while len(idle_children) < SPARE:
+            while len(idle_children) < SPARE and len(busy) < MAX_BUSY:
                 spawn()
             try:
                 ready, _, _ = select.select([took_r], [], [], 1.0)
@@ -426,19 +468,28 @@ def serve(idle: float = IDLE) -> int:
                 last = time.monotonic()
             while True:
                 try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                    pid, wstatus = os.waitpid(-1, os.WNOHANG)
                 except ChildProcessError:
                     break
                 if pid == 0:
                     break
+                if os.WIFSIGNALED(wstatus) or os.WEXITSTATUS(wstatus):
+                    print(f"sandlock: service {os.getpid()}: child {pid} "
+                          f"{'busy' if pid in busy else 'spare'} ended with wait status "
+                          f"{wstatus:#x}", file=sys.stderr)
                 idle_children.discard(pid)
                 busy.discard(pid)
             now = time.monotonic()
             if not busy and now - last > idle:
+                why = "idle"
                 break
             if now - checked > 2.0:
                 checked = now
                 if _changed(stamp):
+                    why = "its code changed"
+                    break
+                if not _still_ours(path, ino):
+                    why = "its socket was removed or replaced"
                     break
             if now - warmed > 45.0:
                 warmed = now
@@ -450,11 +501,8 @@ def serve(idle: float = IDLE) -> int:
         except OSError:
             pass
         listener.close()
-        for pid in idle_children:  # waiting in accept(): nothing of theirs is running
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        os.close(quit_w)  # the spare children leave; busy ones finish their client
+        print(f"sandlock: service {os.getpid()}: exiting: {why}", file=sys.stderr)
     return 0
 
 
@@ -464,8 +512,7 @@ def request(kind: int) -> bytes | None:
     s.settimeout(REPLY_WAIT)
     try:
         s.connect(os.path.join(directory(), "service.sock"))
-        body = (MAGIC + struct.pack("<III", kind, 0, 0) + struct.pack("<Ii", 0o22, 0)
-                + struct.pack("<QQ", 0, 0) * 16 + struct.pack("<I", 0))
+        body = MAGIC + struct.pack("<III", kind, 0, 0)
         s.send(body)
         return s.recv(4096)
     except OSError:

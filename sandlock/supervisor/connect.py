@@ -161,19 +161,35 @@ def connect_action(fd: int, raw: bytes, stype: int, *closers):
 
 def listen(req: Request, session):
     """listen() on an unbound inet socket binds an ephemeral port without passing Landlock's
-    bind check: refused unless the policy lets the sandbox bind port 0."""
+    bind check: refused unless the policy lets the sandbox bind port 0.
+
+    The kernel records who called listen() as the listening socket's credentials, which
+    every client that connects reads (SO_PEERCRED, SO_PEERPIDFD) to learn whom it talks
+    to: performed here, a sandboxed server would pass for its unconfined supervisor. So
+    the call continues in the caller's own context whenever that cannot change the
+    outcome: when the policy allows an ephemeral port (nothing to check), or when the
+    caller has a single thread (checked on a duplicate of the fd, which the kernel's
+    re-read cannot then differ from: network.py; counted before the duplicate, as
+    connect() does). Only a multi-threaded caller that may not bind an ephemeral port has
+    its listen() performed here, with the supervisor's credentials (docs/threat-model.md)."""
+    bind = session.policy.tcp_bind
+    if bind.any_port or 0 in bind.ports:
+        return CONTINUE
+    single = single_threaded(req.pid)
     fd = req.dup_fd(req.arg_int(0))
     try:
         domain, stype, _ = socket_info_of(fd)
         if domain in (AF_INET, AF_INET6) and stype == SOCK_STREAM:
             port = struct.unpack_from("!H", sockets.getsockname(fd), 2)[0]
-            bind = session.policy.tcp_bind
-            if port == 0 and not (bind.any_port or 0 in bind.ports):
+            if port == 0:
                 raise Denied(errno.EACCES, "listen() on an unbound socket would bind an "
                              "ephemeral port; allow net_allow_bind=[0] or bind() first")
     except BaseException:
         os.close(fd)
         raise
+    if single:
+        os.close(fd)
+        return CONTINUE
     backlog = req.arg_int(1)
     return run_action(fd, False, lambda: (sockets.listen(fd, backlog), 0)[1])
 
