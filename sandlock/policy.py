@@ -34,43 +34,11 @@ def system_devices() -> list[str]:
     return [p for p in SYSTEM_DEVICES if os.path.exists(p)]
 
 
-# Where files that only root may read are looked for when the sandbox starts as root.
-ROOT_ONLY_SCAN = ("/etc", "/usr/local/etc")
-_ROOT_ONLY_TTL = 60.0
-_root_only_cache: tuple[float, tuple[str, ...]] = (0.0, ())
-
-
 def root_only_files() -> tuple[str, ...]:
-    """Files under ROOT_ONLY_SCAN that belong to root and that others may not read: a
-    sandbox started as root is uid 0 without capabilities and would read them by ownership
-    alone. Files, not directories, so that every directory stays listable (fs_rules: a
-    denied directory takes listing from the directories above it). Cached for a minute."""
-    import stat
-    import time
-    global _root_only_cache
-    now = time.monotonic()
-    if _root_only_cache[0] > now:
-        return _root_only_cache[1]
-    found = []
-    stack = [p for p in ROOT_ONLY_SCAN if os.path.isdir(p)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
-                        continue
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(entry.path)
-                    elif not st.st_mode & 0o004:
-                        found.append(entry.path)
-        except OSError:
-            continue
-    _root_only_cache = (now + _ROOT_ONLY_TTL, tuple(sorted(found)))
-    return _root_only_cache[1]
+    """Files under /etc and /usr/local/etc that belong to root and that others may not
+    read (root_only.py: rescanned whenever the kernel reports a change there)."""
+    from . import root_only
+    return root_only.files()
 
 
 def system_denied() -> list[str]:

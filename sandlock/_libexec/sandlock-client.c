@@ -38,7 +38,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -163,30 +162,23 @@ static ssize_t read_file(const char *path, char *buf, size_t len) {
 #define SO_PEERPIDFD 77
 #endif
 
-/* Whether process `pid` holds the service's lock: an flock on service.lock in the
- * service's directory, a regular file of this user's with no other name (/proc/locks). */
+/* Whether process `pid` holds the service's lock: a POSIX write lock (the service takes
+ * it with lockf) on service.lock in the service's directory, a regular file of this
+ * user's with no other name. F_GETLK names the holder; /proc/locks would too, but its
+ * read synchronizes RCU (milliseconds). */
 static int holds_lock(pid_t pid) {
     char path[sizeof dir + 16];
-    struct stat st;
     snprintf(path, sizeof path, "%s/service.lock", dir);
-    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()
-        || st.st_nlink != 1)
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
         return 0;
-    FILE *f = fopen("/proc/locks", "re");
-    if (f == NULL)
-        return 0;
-    char line[256], kind[16], mode[16], rw[16];
-    int holder;
-    unsigned maj, min;
-    unsigned long ino;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f) != NULL)
-        found = sscanf(line, "%*d: %15s %15s %15s %d %x:%x:%lu", kind, mode, rw, &holder,
-                       &maj, &min, &ino) == 7
-                && strcmp(kind, "FLOCK") == 0 && strcmp(rw, "WRITE") == 0 && holder == pid
-                && maj == major(st.st_dev) && min == minor(st.st_dev) && ino == st.st_ino;
-    fclose(f);
-    return found;
+    struct stat st;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    int held = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()
+               && st.st_nlink == 1 && fcntl(fd, F_GETLK, &fl) == 0 && fl.l_type == F_WRLCK
+               && fl.l_pid == pid;
+    close(fd);  /* this process held no lock on it: closing releases nothing of anyone's */
+    return held;
 }
 
 /* Why the listener at the other end of `sock` is not a service of ours, or NULL: it must

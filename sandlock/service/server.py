@@ -167,10 +167,6 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> Non
         os.close(fd)
     os.environ.clear()
     os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
-    # What the in-process CLI reads afresh at every start is read afresh here: the scan
-    # for files only root may read (cached for a minute in a long-lived process).
-    from .. import policy
-    policy._root_only_cache = (0.0, ())
     peer.take_signals(attrs)
     _run(conn, req["argv"])
 
@@ -395,8 +391,11 @@ def serve(idle: float = IDLE) -> int:
     lock = os.open(os.path.join(where, "service.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                    0o600)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        # A POSIX record lock: held by this process alone (never inherited by the
+        # children), and its holder's pid is what a client asks for (F_GETLK) to tell
+        # the service from any other listener on its socket (sandlock-client.c).
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):
         return 1
     path = os.path.join(where, "service.sock")
     try:
@@ -491,6 +490,9 @@ def serve(idle: float = IDLE) -> int:
                 if not _still_ours(path, ino):
                     why = "its socket was removed or replaced"
                     break
+            if os.geteuid() == 0:  # take in what changed under /etc (root_only.py)
+                from .. import policy
+                policy.root_only_files()
             if now - warmed > 45.0:
                 warmed = now
                 _warm_caches()

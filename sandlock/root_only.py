@@ -1,0 +1,133 @@
+"""The files under /etc (and /usr/local/etc) that only root may read: a sandbox started as
+root is uid 0 without capabilities, and would read them by ownership alone, so the system
+grants exclude them (policy.system_denied).
+
+Scanning takes milliseconds (a stat of every entry), so a process reuses its last scan
+while nothing there changed, and knows that from the kernel: inotify watches on every
+directory scanned report any entry created, removed, renamed, or whose owner or mode
+changed. Invariants:
+  - a scan is reused only if no event is queued, (in a forked process) the process it was
+    inherited from has not drained one since, and it is younger than MAX_AGE (a change
+    made through another hard link of a file reaches no watch on /etc);
+  - a directory is watched before it is listed, so an entry made during the scan is either
+    listed or reported;
+  - without inotify (no instance or watch left for this user), a scan is reused for
+    MAX_AGE seconds at most.
+Processes forked from one that scanned share its inotify descriptor: they never drain it
+(that would hide events from the others), they only look whether events are queued; the
+process that made the watcher drains, and counts each drain in a page all of them share.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import select
+import stat
+import struct
+import threading
+import time
+
+from ._kernel import inotify
+
+SCAN = ("/etc", "/usr/local/etc")
+MAX_AGE = 60.0
+
+_lock = threading.Lock()
+_fd = -1                      # the inotify descriptor, or -1
+_gave_up = False              # no inotify here: scans expire after MAX_AGE alone
+_owner = 0                    # the pid that made it (it alone drains)
+_shared: mmap.mmap | None = None  # u64: drains so far, seen by every forked process
+_seen = -1                    # the drain count the cached scan is valid for
+_cached: tuple[str, ...] | None = None
+_expires = 0.0
+
+
+def _pending() -> bool:
+    p = select.poll()
+    p.register(_fd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+def _drains() -> int:
+    return struct.unpack_from("<Q", _shared, 0)[0]
+
+
+def _start() -> None:
+    global _fd, _owner, _shared, _gave_up
+    try:
+        _fd = inotify.init()
+    except OSError:
+        _gave_up = True
+        return
+    _owner = os.getpid()
+    _shared = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+
+
+def _give_up() -> None:
+    global _fd, _gave_up
+    if _owner == os.getpid():
+        os.close(_fd)
+    _fd, _gave_up = -1, True
+
+
+def _scan() -> tuple[tuple[str, ...], bool]:
+    """(the files, whether every directory scanned is watched)."""
+    found = []
+    stack = [p for p in SCAN if os.path.isdir(p)]
+    watched = _fd >= 0
+    while stack:
+        d = stack.pop()
+        if watched:
+            try:
+                inotify.watch_directory(_fd, d)
+            except OSError:
+                watched = False  # out of watches (or the directory went): not kept
+        try:
+            with os.scandir(d) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
+                        continue
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(entry.path)
+                    elif not st.st_mode & 0o004:
+                        found.append(entry.path)
+        except OSError:
+            continue
+    return tuple(sorted(found)), watched
+
+
+def files() -> tuple[str, ...]:
+    """The files under SCAN that belong to root and that others may not read. Files, not
+    directories, so that every directory stays listable (fs_rules: a denied directory
+    takes listing from the directories above it)."""
+    global _cached, _seen, _expires
+    with _lock:
+        now = time.monotonic()
+        if _fd < 0 and not _gave_up:
+            _start()
+        if _cached is not None and now < _expires and (
+                _fd < 0 or (not _pending() and _drains() == _seen)):
+            return _cached
+        seen = -1
+        if _fd >= 0:
+            if _owner == os.getpid():
+                struct.pack_into("<Q", _shared, 0, _drains() + 1)  # before: see above
+                inotify.drain(_fd)
+            seen = _drains()
+        result, watched = _scan()
+        if _fd >= 0 and not watched:
+            _give_up()
+        _cached, _seen, _expires = result, seen, now + MAX_AGE
+        return result
+
+
+def forget() -> None:
+    """Scan again at the next call."""
+    global _cached
+    with _lock:
+        _cached = None

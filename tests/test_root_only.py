@@ -1,0 +1,85 @@
+"""The scan for files only root may read (sandlock/root_only.py) is reused only while the
+kernel reports no change: a file that becomes root-only is seen by the next call, in the
+process that scanned and in one forked from it, without waiting for the scan to expire."""
+
+import os
+import uuid
+
+import pytest
+
+from sandlock import root_only
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the scan is for root only")
+
+
+@pytest.fixture
+def etc_file():
+    path = f"/etc/sandlock-test-{uuid.uuid4().hex[:8]}"
+    with open(path, "w") as f:
+        f.write("x\n")
+    os.chmod(path, 0o644)
+    yield path
+    os.unlink(path)
+
+
+def _in_child(fn) -> bytes:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, b"1" if fn() else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    out = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_a_file_made_root_only_is_seen_at_once(etc_file):
+    root_only.forget()
+    assert etc_file not in root_only.files()  # readable by others: not listed
+    assert root_only.files() is root_only.files()  # nothing changed: the scan reused
+    os.chmod(etc_file, 0o600)
+    assert etc_file in root_only.files()
+    os.chmod(etc_file, 0o644)
+    # A process forked before the change sees it too (it shares the watches, not the
+    # queue: it must not drain, and it must not trust its inherited scan).
+    before = root_only.files()
+    assert etc_file not in before
+    r, w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.read(go_r, 1)  # the change is made, and the parent has drained it
+            os.write(w, b"1" if etc_file in root_only.files() else b"0")
+        finally:
+            os._exit(0)
+    os.chmod(etc_file, 0o600)
+    assert etc_file in root_only.files()  # the parent drains the event here
+    os.write(go_w, b"g")
+    assert os.read(r, 1) == b"1", "a forked process kept its stale scan"
+    os.waitpid(pid, 0)
+    for fd in (r, w, go_r, go_w):
+        os.close(fd)
+    # The control: with nothing changed, a forked process reuses the scan it inherited.
+    assert _in_child(lambda: root_only.files() is root_only._cached) == b"1"
+
+
+def test_a_new_directory_is_watched(etc_file):
+    d = etc_file + ".d"
+    os.mkdir(d)
+    try:
+        root_only.files()
+        f = os.path.join(d, "secret")
+        with open(f, "w") as fh:
+            fh.write("s\n")
+        os.chmod(f, 0o600)
+        assert f in root_only.files()
+        os.chmod(f, 0o644)
+        assert f not in root_only.files()
+        os.unlink(f)
+    finally:
+        os.rmdir(d)
