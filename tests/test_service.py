@@ -295,7 +295,7 @@ def test_a_sandbox_cannot_tie_up_the_service(env):
         assert sb.stdout.readline() == "holding\n", sb.stderr.read()
         time.sleep(0.5)
         children = [p for p in _pids() if _ppid(p) == service]
-        assert len(children) <= 6, f"{len(children)} children serve one sandbox's sockets"
+        assert len(children) <= 20, f"{len(children)} children serve one sandbox's sockets"
         r = client(env, "run", "--", "echo", "served", debug=True)
         assert r.stdout == "served\n" and "accepted" in r.stderr, r.stderr
     finally:

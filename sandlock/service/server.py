@@ -114,6 +114,21 @@ def _recv_request(conn: socket.socket):
     return msg, fds, flags
 
 
+def _discard(conn: socket.socket) -> None:
+    """Drop the request (closing the fds it carries) if it comes within 50 ms: a socket
+    closed with unread data resets its peer (ECONNRESET), which would then not read the
+    refusal sent before. A refused peer holds a child no longer than that."""
+    try:
+        conn.settimeout(0.05)
+        _, anc, _, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(NFDS * 4))
+    except OSError:
+        return
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            for fd in struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]):
+                os.close(fd)
+
+
 def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> None:
     """In a child: one client, from its request to its exit status."""
     fds: list[int] = []
@@ -121,6 +136,7 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> Non
         why, attrs = peer.inspect(conn, client)
         if why is not None:  # before reading anything: a refused peer holds nothing up
             conn.send(b"F" + why.encode()[:400])
+            _discard(conn)
             return
         msg, fds, flags = _recv_request(conn)
         try:
