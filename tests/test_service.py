@@ -258,15 +258,80 @@ def test_an_impostor_socket_gets_nothing(env, tmp_path, threads):
     _wait_served(env)
 
 
+@pytest.fixture
+def jail(tmp_path):
+    """A chroot of the system's directories (bind mounts), /tmp and /proc included, whose
+    root is not the service's."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot and bind mounts need root")
+    root = tmp_path / "jail"
+    mounted = []
+    try:
+        for d in ("usr", "lib", "lib64", "bin", "etc", "proc", "tmp"):
+            if not os.path.isdir("/" + d) or os.path.islink("/" + d):
+                if os.path.islink("/" + d):
+                    os.makedirs(root, exist_ok=True)
+                    os.symlink(os.readlink("/" + d), root / d)
+                continue
+            (root / d).mkdir(parents=True)
+            subprocess.run(["mount", "--bind", "/" + d, str(root / d)], check=True)
+            mounted.append(root / d)
+        yield root
+    finally:
+        for m in reversed(mounted):
+            subprocess.run(["umount", "-l", str(m)])
+
+
+def test_a_chrooted_process_neither_uses_nor_impersonates_the_service(env, jail, tmp_path):
+    """A jail (chroot) is a confinement /proc/PID/status does not show: a jailed caller
+    must not have the service run its command outside the jail, and a jailed process
+    must not pass for the service to a caller outside it."""
+    _wait_served(env)
+    client_copy = tmp_path / "client"
+    client_copy.write_bytes(open(CLIENT, "rb").read())
+    client_copy.chmod(0o755)
+    secret = tmp_path / "outside"
+    secret.write_text("host only\n")
+    e = dict(env, SANDLOCK_SERVICE_DEBUG="1")
+    r = subprocess.run(["chroot", str(jail), str(client_copy), "run", "--", "true"], env=e,
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert "another root directory" in r.stderr and "accepted" not in r.stderr, r.stderr
+    # The impostor: jailed, it takes the lock and the socket.
+    d = os.path.dirname(_sock(env))
+    got = tmp_path / "got"
+    impostor = ("import fcntl, os, socket, sys\nd, got = sys.argv[1], sys.argv[2]\n"
+                "os.unlink(d + '/service.lock')\n"
+                "lock = os.open(d + '/service.lock', os.O_RDWR | os.O_CREAT, 0o600)\n"
+                "fcntl.lockf(lock, fcntl.LOCK_EX)\nos.unlink(d + '/service.sock')\n"
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+                "s.bind(d + '/service.sock')\ns.listen(8)\nprint('listening', flush=True)\n"
+                "s.settimeout(30)\nc, _ = s.accept()\nc.settimeout(5)\ndata = b''\n"
+                "try:\n    data = c.recv(1 << 20)\nexcept OSError:\n    pass\n"
+                "open(got, 'wb').write(data)\n")
+    p = subprocess.Popen(["chroot", str(jail), "/usr/bin/python3", "-c", impostor, d,
+                          str(got)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "listening\n"
+        r = client(dict(env, SVC_SECRET="hunter2"), "run", "--", "echo", "ran", debug=True)
+        assert r.stdout == "ran\n" and "another root directory" in r.stderr, r.stderr
+        assert p.wait(timeout=30) == 0 and got.read_bytes() == b""
+    finally:
+        p.kill()
+        p.wait()
+    _wait_served(env)
+
+
 def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
     """Limits, nice value, umask, OOM score, execution domain, ignored signals: what the
     caller has (read from the kernel, not from what the client says), as in-process."""
     _wait_served(env)
     show = ("ulimit -Hn; ulimit -Sn; umask; nice; cat /proc/self/oom_score_adj; "
             "cat /proc/self/personality; grep -E '^Sig(Ign|Blk)' /proc/self/status")
+    show += "; chrt -p $$ | sed 's/.*: //'"
     wrap = ("ulimit -Sn 200; ulimit -Hn 300; umask 027; trap '' HUP USR1; "
             "echo 150 > /proc/self/oom_score_adj; "
-            f"exec setarch $(uname -m) -R nice -n 3 \"$@\" run -- sh -c \"{show}\"")
+            f"exec chrt --idle 0 setarch $(uname -m) -R nice -n 3 \"$@\" run -- "
+            f"sh -c \"{show}\"")
     a = subprocess.run(["sh", "-c", wrap, "sh", *IN_PROCESS], env=env, capture_output=True,
                        text=True, timeout=60, stdin=subprocess.DEVNULL)
     b = subprocess.run(["sh", "-c", wrap, "sh", CLIENT], capture_output=True, text=True,
@@ -274,7 +339,21 @@ def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
                        stdin=subprocess.DEVNULL)
     assert "service: accepted" in b.stderr
     assert a.stdout.split("\n")[:6] == ["300", "200", "0027", "3", "150", "00040000"], a.stdout
+    assert "SCHED_IDLE" in a.stdout
     assert (b.returncode, b.stdout) == (a.returncode, a.stdout)
+    # What the service would not carry over (here MDWE: no memory both writable and
+    # executable, which the caller cannot undo) makes the client run in-process.
+    mdwe = ("import ctypes, os, sys\nctypes.CDLL(None).prctl(65, 1, 0, 0, 0)\n"
+            "os.execv(sys.argv[1], sys.argv[1:])")
+    show = "python3 -c 'import ctypes; print(ctypes.CDLL(None).prctl(66, 0, 0, 0, 0))'"
+    a = subprocess.run([sys.executable, "-c", mdwe, sys.executable, "-m", "sandlock", "run",
+                        "--", "sh", "-c", show], env=env, capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    b = subprocess.run([sys.executable, "-c", mdwe, CLIENT, "run", "--", "sh", "-c", show],
+                       env=dict(env, SANDLOCK_SERVICE_DEBUG="1"), capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert a.stdout == "1\n" and b.stdout == a.stdout, (a.stdout, b.stdout, b.stderr)
+    assert "this process is confined" in b.stderr
 
 
 def test_a_sandbox_cannot_tie_up_the_service(env):
@@ -282,6 +361,9 @@ def test_a_sandbox_cannot_tie_up_the_service(env):
     service's children stay few and a caller is still served meanwhile."""
     _wait_served(env)
     service = _service_pid(env)
+    assert _wait_for(lambda: len([p for p in _pids() if _ppid(p) == service]) == 2)
+    time.sleep(1.0)  # the spares' warm-up runs are over
+    spares = {p for p in _pids() if _ppid(p) == service}
     hog = ("import socket, sys, time\nheld = []\n"
            "for _ in range(150):\n"
            "    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
@@ -296,6 +378,9 @@ def test_a_sandbox_cannot_tie_up_the_service(env):
         time.sleep(0.5)
         children = [p for p in _pids() if _ppid(p) == service]
         assert len(children) <= 20, f"{len(children)} children serve one sandbox's sockets"
+        # A refused connection costs no warmed child: the spares that refused them are
+        # the ones that were there before (no replacement was forked and warmed).
+        assert set(children) <= spares, "refused connections used up the warmed children"
         r = client(env, "run", "--", "echo", "served", debug=True)
         assert r.stdout == "served\n" and "accepted" in r.stderr, r.stderr
     finally:

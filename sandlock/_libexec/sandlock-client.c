@@ -13,7 +13,9 @@
  *   - another subcommand, -h/--help, -i/--interactive, or a terminal on fd 0, 1 or 2 (a
  *     terminal's foreground and job control need the program in this session);
  *   - SANDLOCK_SERVICE=0;
- *   - this process under no_new_privs or a seccomp filter (see confined());
+ *   - this process under no_new_privs, a seccomp filter, or another restriction the
+ *     service would not carry over (see confined());
+ *   - a service too busy to take the connection at once (its backlog full);
  *   - no service yet (one is started in the background for the next call) or one that
  *     does not answer within 2 s, refuses this client (service/peer.py), or goes away
  *     before it said "accepted". The command runs only after this client said "go", so a
@@ -37,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -84,8 +87,21 @@ static int confined(void) {
     char v[64];
     if (read_file("/proc/self/status", text, sizeof text) <= 0)
         return 1;
-    return status_field(text, "NoNewPrivs", v, sizeof v) != 0 || strcmp(v, "\t0") != 0
-           || status_field(text, "Seccomp", v, sizeof v) != 0 || strcmp(v, "\t0") != 0;
+    if (status_field(text, "NoNewPrivs", v, sizeof v) != 0 || strcmp(v, "\t0") != 0
+        || status_field(text, "Seccomp", v, sizeof v) != 0 || strcmp(v, "\t0") != 0)
+        return 1;
+    /* Restrictions the service does not read from the kernel and take on (it takes limits,
+     * scheduling, nice, affinity, umask, I/O priority, OOM score, personality, signals):
+     * a process holding one runs the CLI in-process, which keeps it. */
+    if (prctl(PR_GET_SECUREBITS, 0, 0, 0, 0) != 0)
+        return 1;
+    long mdwe = prctl(66 /* PR_GET_MDWE */, 0, 0, 0, 0);
+    if (mdwe > 0)
+        return 1;
+    int mode = 0;
+    if (syscall(SYS_get_mempolicy, &mode, NULL, 0, NULL, 0) != 0 || mode != 0 /* MPOL_DEFAULT */)
+        return 1;
+    return 0;
 }
 
 static int eligible(int argc, char **argv) {
@@ -105,7 +121,8 @@ static int eligible(int argc, char **argv) {
     if (confined()) {
         if (getenv("SANDLOCK_SERVICE_DEBUG") != NULL)
             fprintf(stderr, "sandlock: service: not used: this process is confined "
-                            "(no_new_privs or seccomp)\n");
+                            "(no_new_privs, seccomp, securebits, MDWE or a memory "
+                            "policy)\n");
         return 0;
     }
     return 1;
@@ -192,9 +209,10 @@ static int holds_lock(pid_t pid) {
 static const char *not_ours(int sock) {
     static const char *const fields[] = {"Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp",
                                          "Seccomp_filters", "CapInh", "CapPrm", "CapEff",
-                                         "CapBnd", "CapAmb"};
+                                         "CapBnd", "CapAmb", "Speculation_Store_Bypass",
+                                         "SpeculationIndirectBranch"};
     static const char *const namespaces[] = {"mnt", "pid", "net", "user", "uts", "ipc",
-                                             "cgroup"};
+                                             "cgroup", "time", "root"};
     struct ucred cred;
     socklen_t len = sizeof cred;
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid())
@@ -218,12 +236,14 @@ static const char *not_ours(int sock) {
     }
     for (size_t i = 0; why == NULL && i < sizeof namespaces / sizeof *namespaces; i++) {
         struct stat s1, s2;
-        snprintf(path, sizeof path, "/proc/self/ns/%s", namespaces[i]);
+        /* "root": the root directory (chroot), a jail as much as a namespace is */
+        const char *sub = strcmp(namespaces[i], "root") == 0 ? "" : "ns/";
+        snprintf(path, sizeof path, "/proc/self/%s%s", sub, namespaces[i]);
         if (stat(path, &s1) != 0)
             continue;
-        snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)cred.pid, namespaces[i]);
+        snprintf(path, sizeof path, "/proc/%d/%s%s", (int)cred.pid, sub, namespaces[i]);
         if (stat(path, &s2) != 0 || s1.st_ino != s2.st_ino || s1.st_dev != s2.st_dev)
-            why = "its listener is in other namespaces";
+            why = "its listener is in other namespaces or another root directory";
     }
     if (why == NULL && !holds_lock(cred.pid))
         why = "its listener does not hold the service's lock";
@@ -338,14 +358,20 @@ int main(int argc, char **argv) {
     struct sockaddr_un sa;
     if (socket_path(&sa) != 0)
         fall_back(argc, argv);
-    int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    /* Non-blocking: a service whose backlog is full (EAGAIN) is not waited for. */
+    int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (sock < 0)
         fall_back(argc, argv);
     if (connect(sock, (struct sockaddr *)&sa, sizeof sa) != 0) {
         if (errno == ENOENT || errno == ECONNREFUSED)
             start_service();
+        if (errno == EAGAIN && getenv("SANDLOCK_SERVICE_DEBUG") != NULL)
+            fprintf(stderr, "sandlock: service: not used: it is busy\n");
         fall_back(argc, argv);
     }
+    int flags = fcntl(sock, F_GETFL);
+    if (flags < 0 || fcntl(sock, F_SETFL, flags & ~O_NONBLOCK) != 0)
+        fall_back(argc, argv);
     const char *why = not_ours(sock);
     if (why != NULL) {
         if (getenv("SANDLOCK_SERVICE_DEBUG") != NULL)

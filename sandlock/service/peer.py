@@ -9,7 +9,8 @@ taken from the connection, SO_PEERPIDFD: the pid cannot have been reused), it ha
 one task (Landlock domains, seccomp filters and no_new_privs belong to a thread: in a
 process of several, /proc/PID/status shows only the leader's, which may be the one thread
 not confined) and that task has the service's uids, gids and groups, the same namespaces,
-the same capability sets, the same LSM label, no_new_privs and seccomp state. A process
+the same root directory (a chroot), the same capability sets, the same LSM label,
+no_new_privs and seccomp state. A process
 under any seccomp filter or with no_new_privs set — every Landlock domain of an
 unprivileged process, every Sandlock sandbox, bubblewrap, most agent sandboxes — is told
 to fall back, and the client then runs the in-process CLI, which nests inside whatever
@@ -24,8 +25,9 @@ connection carries the supervisor's credentials, not the sandbox's — is not th
 and the client only ever connects for itself. (`sandlock service status|stop` may come
 from the Python CLI.)
 
-What the command inherits from the caller (resource limits, nice value, CPU affinity,
-umask, I/O priority, OOM score adjustment, execution domain, ignored and blocked signals)
+What the command inherits from the caller (resource limits, scheduling policy, nice value,
+CPU affinity, umask, I/O priority, OOM score adjustment, execution domain, ignored and
+blocked signals)
 is read here from the client process itself, in the same window as the checks: a client
 cannot ask for more than it has.
 
@@ -45,7 +47,8 @@ from .._kernel import procattr
 SO_PEERPIDFD = 77  # Linux 6.5
 NAMESPACES = ("mnt", "pid", "net", "user", "uts", "ipc", "cgroup", "time")
 STATUS_FIELDS = ("Uid", "Gid", "Groups", "NoNewPrivs", "Seccomp", "Seccomp_filters",
-                 "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+                 "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+                 "Speculation_Store_Bypass", "SpeculationIndirectBranch")
 RLIMITS = 16  # RLIM_NLIMITS
 
 
@@ -61,6 +64,13 @@ def _label(pid: int | str) -> bytes:
             return f.read()
     except OSError:
         return b""  # no LSM that labels processes: the same for everyone
+
+
+def _root(pid: int | str) -> tuple[int, int]:
+    """The process's root directory (chroot): a jailed caller must not be served outside
+    its jail."""
+    st = os.stat(f"/proc/{pid}/root")
+    return st.st_dev, st.st_ino
 
 
 def _namespaces(pid: int | str) -> tuple:
@@ -97,6 +107,7 @@ def _attributes(pid: int, status: dict[str, str]) -> dict:
     return {
         "limits": [resource.prlimit(pid, r) for r in range(RLIMITS)],
         "nice": os.getpriority(os.PRIO_PROCESS, pid),
+        "sched": (os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority),
         "cpus": os.sched_getaffinity(pid),
         "umask": int(status["Umask"], 8),
         "ioprio": procattr.ioprio(pid),
@@ -123,8 +134,8 @@ def inspect(conn: socket.socket, client: bytes | None = None
     try:
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
-            mine = (_status("self"), _namespaces("self"), _label("self"))
-            theirs = (_status(pid), _namespaces(pid), _label(pid))
+            mine = (_status("self"), _namespaces("self"), _label("self"), _root("self"))
+            theirs = (_status(pid), _namespaces(pid), _label(pid), _root(pid))
             attrs = _attributes(pid, theirs[0])
             attrs["client"] = _is_client(pid, client)
         except (OSError, KeyError, ValueError) as e:
@@ -141,6 +152,8 @@ def inspect(conn: socket.socket, client: bytes | None = None
         return "the client is in other namespaces", None
     if theirs[2] != mine[2]:
         return "the client has another LSM label", None
+    if theirs[3] != mine[3]:
+        return "the client has another root directory (chroot)", None
     for field in STATUS_FIELDS:
         if theirs[0].get(field, "?") != mine[0].get(field, "?"):
             return (f"the client's {field} ({theirs[0].get(field, '?')}) differs from the "
@@ -166,6 +179,9 @@ def take_on(attrs: dict) -> str | None:
         except (OSError, ValueError) as e:
             return f"resource limit {res} {lim}: {e}"
     try:
+        policy, priority = attrs["sched"]
+        if (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority) != attrs["sched"]:
+            os.sched_setscheduler(0, policy, os.sched_param(priority))
         if os.getpriority(os.PRIO_PROCESS, 0) != attrs["nice"]:
             os.setpriority(os.PRIO_PROCESS, 0, attrs["nice"])
         if os.sched_getaffinity(0) != attrs["cpus"]:
@@ -179,7 +195,8 @@ def take_on(attrs: dict) -> str | None:
                 f.seek(0)
                 f.write(str(attrs["oom_score_adj"]))
     except OSError as e:
-        return f"nice value, CPU affinity, execution domain, I/O priority or OOM score: {e}"
+        return (f"scheduling policy, nice value, CPU affinity, execution domain, I/O priority "
+                f"or OOM score: {e}")
     os.umask(attrs["umask"])
     return None
 

@@ -115,11 +115,12 @@ def _recv_request(conn: socket.socket):
 
 
 def _discard(conn: socket.socket) -> None:
-    """Drop the request (closing the fds it carries) if it comes within 50 ms: a socket
-    closed with unread data resets its peer (ECONNRESET), which would then not read the
-    refusal sent before. A refused peer holds a child no longer than that."""
+    """Drop the request (closing the fds it carries) if it comes within 10 ms (the client
+    sends it right after its own checks): a socket closed with unread data resets its
+    peer (ECONNRESET), which would then not read the refusal sent before. A refused peer
+    holds a child no longer than that."""
     try:
-        conn.settimeout(0.05)
+        conn.settimeout(0.01)
         _, anc, _, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(NFDS * 4))
     except OSError:
         return
@@ -129,15 +130,20 @@ def _discard(conn: socket.socket) -> None:
                 os.close(fd)
 
 
-def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> None:
-    """In a child: one client, from its request to its exit status."""
+def _serve_one(conn: socket.socket, started: float, client: bytes | None,
+               committed) -> bool:
+    """In a child: one connection. False if nothing of this process changed (a refused
+    peer, a malformed request, status, stop): the child then takes the next connection,
+    so that connections it refuses cost no warmed child. Otherwise the client's request,
+    to its exit status, and True (the child exits). `committed()` tells the service the
+    child is taken before anything of it changes."""
     fds: list[int] = []
     try:
         why, attrs = peer.inspect(conn, client)
         if why is not None:  # before reading anything: a refused peer holds nothing up
             conn.send(b"F" + why.encode()[:400])
             _discard(conn)
-            return
+            return False
         msg, fds, flags = _recv_request(conn)
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
@@ -145,22 +151,26 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> Non
             req = _parse(msg)
         except (ValueError, struct.error, IndexError) as e:
             conn.send(b"F" + f"malformed request ({e})".encode()[:400])
-            return
+            return False
         if req["kind"] == KIND_STATUS:
             conn.send(b"A" + f"pid {os.getppid()}\nsocket {conn.getsockname()}\n"
                              f"up {time.time() - started:.0f}s\n".encode())
-            return
+            return False
         if req["kind"] == KIND_STOP:
             os.kill(os.getppid(), signal.SIGTERM)
             conn.send(b"A")
-            return
+            return False
         why = "malformed request" if req["kind"] != KIND_RUN or len(fds) != NFDS else None
         if why is None and not attrs["client"]:
             why = "the caller does not run the sandlock client"
-        why = why or peer.take_on(attrs)
         if why is not None:
             conn.send(b"F" + why.encode()[:400])
-            return
+            return False
+        committed()
+        why = peer.take_on(attrs)
+        if why is not None:
+            conn.send(b"F" + why.encode()[:400])
+            return True
         conn.send(b"A")
         try:
             go = conn.recv(16)
@@ -168,11 +178,11 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> Non
             go = b""
         if go != b"G":
             conn.send(b"F" + b"no go")  # the client, if still there, falls back: nothing ran
-            return
+            return True
         ready = fds
         fds = []
     except OSError:
-        return
+        return True  # this process may have changed: never reused
     finally:
         for fd in fds:
             os.close(fd)
@@ -185,6 +195,7 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None) -> Non
     os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
     peer.take_signals(attrs)
     _run(conn, req["argv"])
+    return True
 
 
 def _run(conn: socket.socket, argv: list[str]) -> None:
@@ -454,14 +465,19 @@ def serve(idle: float = IDLE) -> int:
                 os.close(quit_w)
                 os.close(lock)
                 _warm_child()
-                conn = _accept(listener, quit_r)
-                if conn is None:
-                    return
-                listener.close()
-                os.close(quit_r)
-                os.write(took_w, struct.pack("i", os.getpid()))
-                os.close(took_w)
-                _serve_one(conn, started, client)
+
+                def committed():
+                    listener.close()
+                    os.close(quit_r)
+                    os.write(took_w, struct.pack("i", os.getpid()))
+                    os.close(took_w)
+                while True:
+                    conn = _accept(listener, quit_r)
+                    if conn is None:
+                        return
+                    with conn:
+                        if _serve_one(conn, started, client, committed):
+                            return
             finally:
                 os._exit(0)
         idle_children.add(pid)
