@@ -161,11 +161,6 @@ def inspect(conn: socket.socket, client: bytes | None = None
     return None, attrs
 
 
-def refusal(conn: socket.socket) -> str | None:
-    """Why the process at the other end of `conn` may not be served, or None."""
-    return inspect(conn)[0]
-
-
 def take_on(attrs: dict) -> str | None:
     """Give this process (a service child, about to run the CLI) the client's attributes;
     why it cannot, or None. Each is set only where it differs, and with this process's

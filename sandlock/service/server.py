@@ -4,9 +4,11 @@ seconds without a request (or when Sandlock's code on disk changes).
 Design: a pre-forking server. The parent imports and warms the CLI (parsers, policy
 building, the filter compiler) and stays single-threaded; it keeps SPARE forked children
 waiting in accept() on the listening socket, at most MAX_BUSY serving at once. A child
-serves exactly one client and exits: it checks the peer and reads from the kernel the
-client's process attributes (peer.py: resource limits, nice value, affinity, umask, I/O
-priority, OOM score, execution domain, ignored and blocked signals), takes its stdin,
+serves one client and exits (a connection it refuses, or a status or stop request, it
+answers and then takes the next: nothing of it changed). It checks the peer and reads
+from the kernel the client's process attributes (peer.py: resource limits, scheduling
+policy, nice value, affinity, umask, I/O priority, OOM score, execution domain, ignored
+and blocked signals), takes its stdin,
 stdout, stderr and working directory (SCM_RIGHTS) and environment, and then runs today's
 CLI (sandlock.cli.main) with them: the same code, the same output, the same exit status as
 `python -m sandlock`, without the interpreter's start and the imports. The sandbox's
@@ -138,6 +140,7 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
     to its exit status, and True (the child exits). `committed()` tells the service the
     child is taken before anything of it changes."""
     fds: list[int] = []
+    taken = False
     try:
         why, attrs = peer.inspect(conn, client)
         if why is not None:  # before reading anything: a refused peer holds nothing up
@@ -167,6 +170,7 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
             conn.send(b"F" + why.encode()[:400])
             return False
         committed()
+        taken = True
         why = peer.take_on(attrs)
         if why is not None:
             conn.send(b"F" + why.encode()[:400])
@@ -181,8 +185,8 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
             return True
         ready = fds
         fds = []
-    except OSError:
-        return True  # this process may have changed: never reused
+    except OSError:  # the peer went away: reused unless this process was taken
+        return taken
     finally:
         for fd in fds:
             os.close(fd)
