@@ -48,7 +48,7 @@ import time
 from . import peer
 
 IDLE = 600.0          # seconds without a request before the service exits
-SPARE = 2             # children waiting in accept()
+SPARE = 2             # children waiting in accept() (1 while a call is served)
 REPLY_WAIT = 2.0      # seconds a child waits for a client's request, then for its "go"
 MAX_BUSY = 64         # children serving at once; more clients wait in the backlog or fall back
 MAX_REQUEST = 1 << 20
@@ -489,7 +489,10 @@ def serve(idle: float = IDLE) -> int:
     why = "stopped"
     try:
         while not stop:
-            while len(idle_children) < SPARE and len(busy) < MAX_BUSY:
+            # One spare at least, always; the others only while no call is being served:
+            # a spare warms itself with a sandbox run, which would take a CPU from the
+            # call in progress.
+            while len(idle_children) < (1 if busy else SPARE) and len(busy) < MAX_BUSY:
                 spawn()
             try:
                 ready, _, _ = select.select([took_r], [], [], 1.0)
