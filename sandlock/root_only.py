@@ -4,15 +4,18 @@ grants exclude them (policy.system_denied).
 
 Scanning takes milliseconds (a stat of every entry), so a process reuses its last scan
 while nothing there changed, and knows that from the kernel: inotify watches on every
-directory scanned report any entry created, removed, renamed, or whose owner or mode
-changed. Invariants:
+directory scanned, and on every ancestor of each scanned root (a root created, removed or
+renamed), report any entry created, removed, renamed, or whose owner or mode changed; and
+the mount table (/proc/self/mountinfo, compared whole: a mount raises no inotify event)
+must be the one the scan saw. Invariants:
   - a scan is reused only if no event is queued, (in a forked process) the process it was
-    inherited from has not drained one since, and it is younger than MAX_AGE (a change
-    made through another hard link of a file reaches no watch on /etc);
+    inherited from has not drained one since, the mount table is unchanged, and it is
+    younger than MAX_AGE (a change made through another hard link of a file reaches no
+    watch on /etc);
   - a directory is watched before it is listed, so an entry made during the scan is either
     listed or reported;
   - without inotify (no instance or watch left for this user), a scan is reused for
-    MAX_AGE seconds at most.
+    MAX_AGE seconds at most, and inotify is tried again after that.
 Processes forked from one that scanned share its inotify descriptor: they never drain it
 (that would hide events from the others), they only look whether events are queued; the
 process that made the watcher drains, and counts each drain in a page all of them share.
@@ -35,10 +38,11 @@ MAX_AGE = 60.0
 
 _lock = threading.Lock()
 _fd = -1                      # the inotify descriptor, or -1
-_gave_up = False              # no inotify here: scans expire after MAX_AGE alone
+_retry_at = 0.0               # without inotify: when to try to get it again
 _owner = 0                    # the pid that made it (it alone drains)
 _shared: mmap.mmap | None = None  # u64: drains so far, seen by every forked process
 _seen = -1                    # the drain count the cached scan is valid for
+_mounts = b""                 # the mount table the cached scan saw
 _cached: tuple[str, ...] | None = None
 _expires = 0.0
 
@@ -53,36 +57,58 @@ def _drains() -> int:
     return struct.unpack_from("<Q", _shared, 0)[0]
 
 
-def _start() -> None:
-    global _fd, _owner, _shared, _gave_up
+def _mount_table() -> bytes:
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            return f.read()
+    except OSError:
+        return b"?"  # unreadable: never equal to a table read before (see files())
+
+
+def _start(now: float) -> None:
+    global _fd, _owner, _shared, _retry_at
     try:
         _fd = inotify.init()
     except OSError:
-        _gave_up = True
+        _retry_at = now + MAX_AGE
         return
     _owner = os.getpid()
     _shared = mmap.mmap(-1, 8, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
 
 
-def _give_up() -> None:
-    global _fd, _gave_up
+def _give_up(now: float) -> None:
+    global _fd, _retry_at
     if _owner == os.getpid():
         os.close(_fd)
-    _fd, _gave_up = -1, True
+    _fd, _retry_at = -1, now + MAX_AGE
+
+
+def _watch(d: str) -> bool:
+    try:
+        inotify.watch_directory(_fd, d)
+        return True
+    except OSError:
+        return False
 
 
 def _scan() -> tuple[tuple[str, ...], bool]:
-    """(the files, whether every directory scanned is watched)."""
+    """(the files, whether every directory scanned, and the ancestors of each root, are
+    watched)."""
     found = []
-    stack = [p for p in SCAN if os.path.isdir(p)]
     watched = _fd >= 0
+    for root in SCAN:  # a root made, removed or renamed: an event on an ancestor
+        d = os.path.dirname(root)
+        while watched:
+            if os.path.isdir(d) and not _watch(d):
+                watched = False
+            if d == "/":
+                break
+            d = os.path.dirname(d)
+    stack = [p for p in SCAN if os.path.isdir(p)]
     while stack:
         d = stack.pop()
-        if watched:
-            try:
-                inotify.watch_directory(_fd, d)
-            except OSError:
-                watched = False  # out of watches (or the directory went): not kept
+        if watched and not _watch(d):
+            watched = False  # out of watches (or the directory went): not kept
         try:
             with os.scandir(d) as entries:
                 for entry in entries:
@@ -105,12 +131,13 @@ def files() -> tuple[str, ...]:
     """The files under SCAN that belong to root and that others may not read. Files, not
     directories, so that every directory stays listable (fs_rules: a denied directory
     takes listing from the directories above it)."""
-    global _cached, _seen, _expires
+    global _cached, _seen, _expires, _mounts
     with _lock:
         now = time.monotonic()
-        if _fd < 0 and not _gave_up:
-            _start()
-        if _cached is not None and now < _expires and (
+        if _fd < 0 and now >= _retry_at:
+            _start(now)
+        mounts = _mount_table()
+        if _cached is not None and now < _expires and mounts == _mounts != b"?" and (
                 _fd < 0 or (not _pending() and _drains() == _seen)):
             return _cached
         seen = -1
@@ -121,8 +148,8 @@ def files() -> tuple[str, ...]:
             seen = _drains()
         result, watched = _scan()
         if _fd >= 0 and not watched:
-            _give_up()
-        _cached, _seen, _expires = result, seen, now + MAX_AGE
+            _give_up(now)
+        _cached, _seen, _expires, _mounts = result, seen, now + MAX_AGE, mounts
         return result
 
 

@@ -3,6 +3,7 @@ kernel reports no change: a file that becomes root-only is seen by the next call
 process that scanned and in one forked from it, without waiting for the scan to expire."""
 
 import os
+import subprocess
 import uuid
 
 import pytest
@@ -83,3 +84,40 @@ def test_a_new_directory_is_watched(etc_file):
         os.unlink(f)
     finally:
         os.rmdir(d)
+
+
+def test_a_mount_under_etc_is_seen_at_once(etc_file, tmp_path):
+    """A mount raises no inotify event: the mount table is compared as well."""
+    d = etc_file + ".mnt"
+    os.mkdir(d)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "key").write_text("secret\n")
+    os.chmod(src / "key", 0o600)
+    try:
+        assert os.path.join(d, "key") not in root_only.files()  # nothing there yet
+        subprocess.run(["mount", "--bind", str(src), d], check=True)
+        try:
+            assert os.path.join(d, "key") in root_only.files()
+        finally:
+            subprocess.run(["umount", d], check=True)
+        assert os.path.join(d, "key") not in root_only.files()
+    finally:
+        os.rmdir(d)
+
+
+def test_a_scanned_root_made_later_is_seen_at_once(tmp_path, monkeypatch):
+    """A root that does not exist yet (/usr/local/etc on most systems) is watched through
+    its nearest ancestor: made later, with a root-only file in it, it is scanned."""
+    late = tmp_path / "usr" / "local" / "etc"
+    monkeypatch.setattr(root_only, "SCAN", (str(late),))
+    (tmp_path / "usr").mkdir()
+    root_only.forget()
+    assert root_only.files() == ()
+    assert root_only.files() is root_only._cached  # reused while nothing changed
+    late.mkdir(parents=True)
+    (late / "key").write_text("secret\n")
+    os.chmod(late / "key", 0o600)
+    assert root_only.files() == (str(late / "key"),)
+    monkeypatch.undo()
+    root_only.forget()
