@@ -492,3 +492,17 @@ def _running(marker):
 def _service_pid(env):
     out = _status(env).stdout
     return int(out.split("pid ", 1)[1].split()[0])
+
+
+def test_without_xdg_runtime_dir_the_service_lives_in_tmp(env):
+    """Without $XDG_RUNTIME_DIR: /tmp/sandlock-service-UID, even where /tmp/sandlock-UID
+    exists as the fallback HOME Sandlock's registry makes (mode 0755: never the service's)."""
+    e = {k: v for k, v in env.items() if k != "XDG_RUNTIME_DIR"}
+    os.makedirs(f"/tmp/sandlock-{os.geteuid()}", mode=0o755, exist_ok=True)
+    try:
+        _wait_served(e)
+        d = f"/tmp/sandlock-service-{os.geteuid()}"
+        assert os.stat(d).st_mode & 0o777 == 0o700 and os.path.exists(d + "/service.sock")
+    finally:
+        subprocess.run(IN_PROCESS + ["service", "stop"], env=e, capture_output=True,
+                       timeout=30)

@@ -132,8 +132,10 @@ static char dir[sizeof ((struct sockaddr_un *)0)->sun_path];  /* the service's d
 
 static int socket_path(struct sockaddr_un *sa) {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
-    int n = xdg != NULL && *xdg ? snprintf(dir, sizeof dir, "%s/sandlock", xdg)
-                                : snprintf(dir, sizeof dir, "/tmp/sandlock-%u", geteuid());
+    /* not /tmp/sandlock-UID: registry.py makes that a HOME when there is none */
+    int n = xdg != NULL && *xdg
+                ? snprintf(dir, sizeof dir, "%s/sandlock", xdg)
+                : snprintf(dir, sizeof dir, "/tmp/sandlock-service-%u", geteuid());
     if (n < 0 || (size_t)n >= sizeof dir)
         return -1;
     /* Only a directory of this user's alone: a socket someone else placed is never used. */

@@ -29,7 +29,8 @@ checks the service in turn (sandlock-client.c): a socket that a confined process
 user's put in the service's place is never handed anything.
 
 Files (a directory of the user's alone, mode 0700): $XDG_RUNTIME_DIR/sandlock/ or
-/tmp/sandlock-UID/: service.sock, service.lock (held by the live service: a second one
+/tmp/sandlock-service-UID/ (not /tmp/sandlock-UID/, which registry.py makes a HOME of
+when there is none): service.sock, service.lock (held by the live service: a second one
 started meanwhile exits; a socket left by a dead one is replaced), service.log.
 """
 
@@ -59,7 +60,8 @@ NFDS = 4
 
 def directory() -> str:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(xdg, "sandlock") if xdg else f"/tmp/sandlock-{os.geteuid()}"
+    return (os.path.join(xdg, "sandlock") if xdg
+            else f"/tmp/sandlock-service-{os.geteuid()}")
 
 
 def _own_directory(path: str) -> str:
