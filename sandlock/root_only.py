@@ -23,6 +23,7 @@ process that made the watcher drains, and counts each drain in a page all of the
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import select
@@ -84,11 +85,13 @@ def _give_up(now: float) -> None:
 
 
 def _watch(d: str) -> bool:
+    """Watch `d`; False if the watches ran out. A directory gone (or replaced by a file)
+    since it was listed needs none: its parent's watch reported that."""
     try:
         inotify.watch_directory(_fd, d)
         return True
-    except OSError:
-        return False
+    except OSError as e:
+        return e.errno in (errno.ENOENT, errno.ENOTDIR)
 
 
 def _scan() -> tuple[tuple[str, ...], bool]:
@@ -108,7 +111,7 @@ def _scan() -> tuple[tuple[str, ...], bool]:
     while stack:
         d = stack.pop()
         if watched and not _watch(d):
-            watched = False  # out of watches (or the directory went): not kept
+            watched = False  # out of watches: this scan is not kept past MAX_AGE
         try:
             with os.scandir(d) as entries:
                 for entry in entries:
