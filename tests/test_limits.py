@@ -54,54 +54,35 @@ def test_processes_together_past_max_memory_are_killed_with_the_reason():
     assert r.success, r.stderr  # the control: under the limit it runs to the end
 
 
-BOMB = r"""
-import os, time
-while True:
-    try:
-        if os.fork() == 0:
-            time.sleep(0.5)
-            os._exit(0)
-    except OSError:
-        time.sleep(0.001)
-"""
-
-
-def test_a_fork_bomb_never_exceeds_max_processes():
-    proc = sandbox(max_processes=20).popen([PY, "-c", BOMB], stdout=StdioMode.NULL,
-                                           stderr=StdioMode.NULL)
-    peak, stop = [0], threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            peak[0] = max(peak[0], len(members(proc.root)))
-    t = threading.Thread(target=watch)
-    t.start()
-    time.sleep(3)
-    stop.set()
-    t.join()
-    proc.kill()
-    proc.wait()
-    proc.close()
-    assert 15 <= peak[0] <= 20, peak  # it reached the limit, never past it
-
-
-THREADED_BOMB = r"""
-import os, threading, time
-def forker():
+FORKER = r"""
+def forker(pause):
     while True:
         try:
             if os.fork() == 0:
-                time.sleep(0.3)
+                time.sleep(pause)
                 os._exit(0)
         except OSError:
             time.sleep(0.001)
-for _ in range(3):
-    threading.Thread(target=forker, daemon=True).start()
-forker()
 """
+BOMB = "import os, time\n" + FORKER + "forker(0.5)\n"
 
 
-def _peak_members(proc, seconds):
+def test_a_fork_bomb_never_exceeds_max_processes():
+    peak = _peak_members(20, BOMB, 3)
+    assert 15 <= peak <= 20, peak  # it reached the limit, never past it
+
+
+THREADED_BOMB = ("import os, threading, time\n" + FORKER
+                 + "for _ in range(3):\n"
+                   "    threading.Thread(target=forker, args=(0.3,), daemon=True).start()\n"
+                   "forker(0.3)\n")
+
+
+def _peak_members(limit: int, script: str, seconds: float) -> int:
+    """Run `script` under max_processes=`limit` for `seconds`: the most processes its
+    tree ever had at once."""
+    proc = sandbox(max_processes=limit).popen([PY, "-c", script], stdout=StdioMode.NULL,
+                                              stderr=StdioMode.NULL)
     peak, stop = [0], threading.Event()
 
     def watch():
@@ -109,9 +90,14 @@ def _peak_members(proc, seconds):
             peak[0] = max(peak[0], len(members(proc.root)))
     t = threading.Thread(target=watch)
     t.start()
-    time.sleep(seconds)
-    stop.set()
-    t.join()
+    try:
+        time.sleep(seconds)
+    finally:
+        stop.set()
+        t.join()
+        proc.kill()
+        proc.wait()
+        proc.close()
     return peak[0]
 
 
@@ -122,14 +108,7 @@ def test_forks_continued_in_c_stay_within_max_processes():
     from sandlock.supervisor.fastpath import fast_path
     fast = fast_path()
     before = fast.stats()["forks_continued"] if fast else 0
-    proc = sandbox(max_processes=60).popen([PY, "-c", THREADED_BOMB], stdout=StdioMode.NULL,
-                                           stderr=StdioMode.NULL)
-    try:
-        peak = _peak_members(proc, 2.5)
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.close()
+    peak = _peak_members(60, THREADED_BOMB, 2.5)
     assert 50 <= peak <= 60, peak
     if fast is not None:  # the C path took part (make helper builds it)
         assert fast.stats()["forks_continued"] > before
