@@ -365,9 +365,10 @@ int main(int argc, char **argv) {
     if (sock < 0)
         fall_back(argc, argv);
     if (connect(sock, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        if (errno == ENOENT || errno == ECONNREFUSED)
+        int err = errno;
+        if (err == ENOENT || err == ECONNREFUSED)
             start_service();
-        if (errno == EAGAIN && getenv("SANDLOCK_SERVICE_DEBUG") != NULL)
+        if (err == EAGAIN && getenv("SANDLOCK_SERVICE_DEBUG") != NULL)
             fprintf(stderr, "sandlock: service: not used: it is busy\n");
         fall_back(argc, argv);
     }
