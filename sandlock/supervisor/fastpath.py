@@ -34,7 +34,7 @@ import threading
 
 from .. import libexec
 
-VERSION = 3  # sl_fast_version() of the fastconnect.c this module speaks to
+VERSION = 4  # sl_fast_version() of the fastconnect.c this module speaks to
 LIBRARY = libexec.path("libsandlock-fastconnect.so")
 CONTINUE_TCP = 1
 COW_PRISTINE = 2
@@ -53,6 +53,7 @@ class FastPath:
         lib.sl_fast_learn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
                                       ctypes.c_size_t, ctypes.c_int64]
         lib.sl_fast_flush.argtypes = [ctypes.c_int]
+        lib.sl_fast_watch.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.sl_fast_clear.argtypes = [ctypes.c_int, ctypes.c_uint]
         lib.sl_fast_init.argtypes = []
         lib.sl_fast_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 6)]
@@ -89,6 +90,12 @@ class FastPath:
         if fd < 0:
             raise OSError(-fd, os.strerror(-fd))
         return fd, self._events.value, bool(self._received.value)
+
+    def watch(self, listener: int, on: bool) -> None:
+        """`listener` is in the epoll set from now on (after its registration), or no more
+        (before it is closed): with a few, the wait polls them directly (fastconnect.c,
+        wait_events: trapped calls are answered on their own CPU)."""
+        self._lib.sl_fast_watch(listener, 1 if on else 0)
 
     def enable(self, listener: int, continue_tcp: bool, cow_pristine: bool,
                fork_budget: bool = False) -> bool:

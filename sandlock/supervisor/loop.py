@@ -294,9 +294,12 @@ class Supervisor:
                 session.forks.lend_to(fast, listener)
             if session.fast and session.cow is not None:
                 session.cow.on_first_change = lambda: fast.clear(listener, COW_PRISTINE)
+        seccomp.notif_sync_wake_up(listener)  # speed only (fastconnect.c, wait_events)
         with self._lock:
             self._sessions[listener] = session
         self._epoll.register(listener, select.EPOLLIN)
+        if self._fast is not None:
+            self._fast.watch(listener, True)
 
     def _drop(self, listener: int) -> None:
         with self._lock:
@@ -306,6 +309,7 @@ class Supervisor:
         except OSError:
             pass
         if self._fast is not None:
+            self._fast.watch(listener, False)
             # Before the number can serve another sandbox: nothing of this one may reach it.
             if session is not None and session.forks is not None:
                 session.forks.lend_to(None, -1)
