@@ -301,6 +301,24 @@ def test_a_pristine_workspace_lets_the_kernel_do_its_reads(tmp_path):
     assert sorted(os.listdir(work)) == ["data.txt"]  # aborted: the change was the layer's
 
 
+def test_a_pristine_workspace_lets_the_kernel_open_its_directories(tmp_path):
+    """opendir (openat with O_DIRECTORY) in a pristine workspace is a look like any other:
+    continued in C, not a round trip through Python (glibc's __O_TMPFILE includes
+    O_DIRECTORY, and masking with it sent every directory open there). The listing is the
+    workdir's."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "sub" / "a.txt").write_text("a")
+    tmp_path.chmod(0o755)
+    sb = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"), cwd=str(work),
+                 on_exit="abort", workspace_backend="seccomp")
+    code = "import os\nfor _ in range(300): n = os.listdir('sub')\nprint(n)"
+    before = stats()["cow_continued"]
+    r = sb.run([PY, "-S", "-c", code], timeout=60)
+    assert r.success and r.stdout == b"['a.txt']\n", r
+    assert stats()["cow_continued"] - before >= 300
+
+
 def test_a_library_from_another_version_is_not_used(tmp_path):
     """A stale build (a pull without `make helper`) is refused with a warning, and the
     supervisor does everything in Python: sandboxes still run."""

@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -119,6 +120,7 @@ static uint64_t stat_continue, stat_connect, stat_python, stat_cow, stat_fork;
 
 static int direct[MAX_DIRECT];  /* the listeners being served (sl_fast_watch), with lock */
 static int n_direct, n_indirect;  /* how many are in direct[], how many did not fit */
+static int watch_efd = -1;        /* an eventfd: the set changed (the wait polls it) */
 
 static struct epoll_event pending_events[16];                        /* the waiting thread's only */
 static int ev_pos, ev_count;
@@ -157,6 +159,9 @@ void sl_fast_init(void) {
     }
     q_head = q_count = n_running = n_workers = n_idle = 0;
     n_direct = n_indirect = 0;
+    if (watch_efd >= 0)
+        close(watch_efd);  /* the parent's, inherited: its own wait polls it */
+    watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  /* -1: the epoll set alone */
     ev_pos = ev_count = 0;
     owner_pid = getpid();
 }
@@ -178,6 +183,12 @@ void sl_fast_watch(int listener, int on) {
     else if (!on && n_indirect > 0)
         n_indirect--;
     pthread_mutex_unlock(&lock);
+    if (on && watch_efd >= 0) {
+        uint64_t one = 1;
+        if (write(watch_efd, &one, sizeof one) < 0) {
+            /* the counter is full: the wait is woken already */
+        }
+    }
 }
 
 int sl_fast_enable(int listener, unsigned flags) {
@@ -517,6 +528,11 @@ static int num_threads(pid_t pid) {
  * the workspace is the workdir itself, read-only under Landlock: the kernel may do these
  * calls as the sandbox, with the sandbox's own rights, and whatever it re-reads (another
  * path, other flags) stays under those rights. openat2 (flags in memory) goes to Python. */
+/* O_TMPFILE's own bit. glibc's __O_TMPFILE includes O_DIRECTORY, and masking with it sent
+ * every directory open (opendir: git, find, ls) to Python, which opens the same untouched
+ * directory of the workdir and injects it (cow_calls._open, LOWER without writes). */
+#define TMPFILE_BIT 020000000
+
 static int cow_read_only(const struct seccomp_notif *n) {
     switch (n->data.nr) {
 #ifdef SYS_stat
@@ -528,10 +544,10 @@ static int cow_read_only(const struct seccomp_notif *n) {
         return 1;
 #ifdef SYS_open
     case SYS_open:
-        return (n->data.args[1] & (O_ACCMODE | O_CREAT | O_TRUNC | __O_TMPFILE)) == O_RDONLY;
+        return (n->data.args[1] & (O_ACCMODE | O_CREAT | O_TRUNC | TMPFILE_BIT)) == O_RDONLY;
 #endif
     case SYS_openat:
-        return (n->data.args[2] & (O_ACCMODE | O_CREAT | O_TRUNC | __O_TMPFILE)) == O_RDONLY;
+        return (n->data.args[2] & (O_ACCMODE | O_CREAT | O_TRUNC | TMPFILE_BIT)) == O_RDONLY;
     default:
         return 0;
     }
@@ -715,33 +731,38 @@ static void abort_orphans(void) {
 }
 
 /* Wait up to wait_ms for events of the epoll set `epfd` into pending_events; their number,
- * or -1 with errno. With at most MAX_DIRECT listeners, they are poll(2)ed directly besides
- * the set. A poll waiter is woken by the listener's own wake-up, which (with
+ * or -1 with errno. With at most MAX_DIRECT listeners, they are poll(2)ed directly instead
+ * of through the set. A poll waiter is woken by the listener's own wake-up, which (with
  * SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP, which the loop sets at attach) runs this thread on
  * the CPU of the task that trapped, as the answer then runs that task on ours; epoll's
  * relay of the same wake-up lets the scheduler pick any CPU. In a VM a wake-up on another
  * CPU costs an IPI and a halt exit: ~45 us per trapped call there, ~7 us on one CPU
  * (measured on this project's 2-CPU VM; a fork under max_processes went from +50 us to
- * none). The epoll set is polled too, so a listener attached meanwhile, or one that did
- * not fit, still wakes this thread; its events are then taken without waiting, leaving out
- * listeners already reported: each readiness must lead to one RECV at most (a second one
- * would block until the next call). */
+ * none). A listener attached meanwhile wakes the poll through watch_efd, and the next
+ * wait polls it too. Each listener appears once in the result: one readiness must lead
+ * to one RECV at most (a second one would block until that sandbox's next call). */
 static int wait_events(int epfd, int wait_ms) {
     struct pollfd p[1 + MAX_DIRECT];
     int n = -1;
     pthread_mutex_lock(&lock);
-    if (n_indirect == 0) {
+    if (n_indirect == 0 && n_direct > 0 && watch_efd >= 0) {
         n = n_direct;
         for (int i = 0; i < n; i++)
             p[1 + i] = (struct pollfd){direct[i], POLLIN, 0};
     }
     pthread_mutex_unlock(&lock);
-    if (n <= 0)
+    if (n < 0)
         return epoll_wait(epfd, pending_events, 16, wait_ms);
-    p[0] = (struct pollfd){epfd, POLLIN, 0};
+    p[0] = (struct pollfd){watch_efd, POLLIN, 0};
     int r = poll(p, 1 + n, wait_ms);
     if (r <= 0)
         return r;
+    if (p[0].revents & POLLIN) {
+        uint64_t count;
+        if (read(watch_efd, &count, sizeof count) < 0) {
+            /* drained by nobody else: EAGAIN cannot happen after POLLIN */
+        }
+    }
     int k = 0;
     for (int i = 1; i <= n; i++) {
         /* POLLIN/HUP/ERR have epoll's values; POLLNVAL: closed meanwhile, not ours. */
@@ -749,17 +770,6 @@ static int wait_events(int epfd, int wait_ms) {
             pending_events[k].events = p[i].revents & (POLLIN | POLLHUP | POLLERR);
             pending_events[k].data.fd = p[i].fd;
             k++;
-        }
-    }
-    if (p[0].revents & POLLIN) {
-        struct epoll_event more[16];
-        int m = epoll_wait(epfd, more, 16, 0);
-        for (int j = 0; j < m && k < 16; j++) {
-            int seen = 0;
-            for (int i = 0; i < k; i++)
-                seen |= pending_events[i].data.fd == more[j].data.fd;
-            if (!seen)
-                pending_events[k++] = more[j];
         }
     }
     return k;
