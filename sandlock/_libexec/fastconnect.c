@@ -118,9 +118,12 @@ static int n_running, n_workers, n_idle;
 static pid_t owner_pid;
 static uint64_t stat_continue, stat_connect, stat_python, stat_cow, stat_fork;
 
-static int direct[MAX_DIRECT];  /* the listeners being served (sl_fast_watch), with lock */
-static int n_direct, n_indirect;  /* how many are in direct[], how many did not fit */
-static int watch_efd = -1;        /* an eventfd: the set changed (the wait polls it) */
+/* The epoll set's members, kept by sl_fast_add/sl_fast_remove (with lock), which change the
+ * set and these together, so they never disagree: */
+static int direct[MAX_DIRECT];    /* the first members that fit, polled directly */
+static int n_direct, n_indirect;  /* how many are in direct[], how many are not */
+static int watch_efd = -1;        /* an eventfd the wait polls: the set changed */
+static pid_t watch_owner;         /* the process that made watch_efd (lazily, in its wait) */
 
 static struct epoll_event pending_events[16];                        /* the waiting thread's only */
 static int ev_pos, ev_count;
@@ -140,7 +143,7 @@ static void unref(struct entry *e) {  /* with lock held */
 
 /* The interface version fastpath.py expects (a stale build is not used). */
 int sl_fast_version(void) {
-    return 4;
+    return 5;
 }
 
 /* Called by each new Supervisor before its thread starts, so with no other caller. In a
@@ -158,37 +161,51 @@ void sl_fast_init(void) {
         table[fd] = NULL;
     }
     q_head = q_count = n_running = n_workers = n_idle = 0;
+    /* An inherited watch_efd is the parent's (its number may have been closed and reused
+     * here since): never closed, written or polled; the wait makes this process's own. */
     n_direct = n_indirect = 0;
-    if (watch_efd >= 0)
-        close(watch_efd);  /* the parent's, inherited: its own wait polls it */
-    watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  /* -1: the epoll set alone */
     ev_pos = ev_count = 0;
     owner_pid = getpid();
 }
 
-/* Python serves `listener` from now on (on=1: after adding it to the epoll set) or no more
- * (on=0: before closing it). Every listener of the epoll set is announced, whether this
- * code answers any of its calls or not: see wait_events(). */
-void sl_fast_watch(int listener, int on) {
+/* Add `listener` to the epoll set `epfd` (EPOLLIN, data.fd = listener), or remove it: the
+ * set and the members the wait polls directly change together, under the lock, in one call
+ * (Python cannot be interrupted between the two). 0, or -errno from epoll_ctl, in which
+ * case nothing changed. A removal comes before the listener is closed. */
+int sl_fast_add(int epfd, int listener) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = listener};
     pthread_mutex_lock(&lock);
-    int i = 0;
-    while (i < n_direct && direct[i] != listener)
-        i++;
-    if (on && i == n_direct && n_direct < MAX_DIRECT)
-        direct[n_direct++] = listener;
-    else if (on && i == n_direct)
-        n_indirect++;
-    else if (!on && i < n_direct)
-        direct[i] = direct[--n_direct];
-    else if (!on && n_indirect > 0)
-        n_indirect--;
-    pthread_mutex_unlock(&lock);
-    if (on && watch_efd >= 0) {
-        uint64_t one = 1;
-        if (write(watch_efd, &one, sizeof one) < 0) {
-            /* the counter is full: the wait is woken already */
+    int rc = epoll_ctl(epfd, EPOLL_CTL_ADD, listener, &ev) == 0 ? 0 : -errno;
+    if (rc == 0) {
+        if (n_direct < MAX_DIRECT)
+            direct[n_direct++] = listener;
+        else
+            n_indirect++;
+        if (watch_efd >= 0 && watch_owner == getpid()) {
+            uint64_t one = 1;
+            if (write(watch_efd, &one, sizeof one) < 0) {
+                /* the counter is full: the wait is woken already */
+            }
         }
     }
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+int sl_fast_remove(int epfd, int listener) {
+    pthread_mutex_lock(&lock);
+    int rc = epoll_ctl(epfd, EPOLL_CTL_DEL, listener, NULL) == 0 ? 0 : -errno;
+    if (rc == 0) {
+        int i = 0;
+        while (i < n_direct && direct[i] != listener)
+            i++;
+        if (i < n_direct)
+            direct[i] = direct[--n_direct];
+        else if (n_indirect > 0)
+            n_indirect--;
+    }
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
 
 int sl_fast_enable(int listener, unsigned flags) {
@@ -738,13 +755,17 @@ static void abort_orphans(void) {
  * relay of the same wake-up lets the scheduler pick any CPU. In a VM a wake-up on another
  * CPU costs an IPI and a halt exit: ~45 us per trapped call there, ~7 us on one CPU
  * (measured on this project's 2-CPU VM; a fork under max_processes went from +50 us to
- * none). A listener attached meanwhile wakes the poll through watch_efd, and the next
+ * none). A listener added meanwhile wakes the poll through watch_efd, and the next
  * wait polls it too. Each listener appears once in the result: one readiness must lead
  * to one RECV at most (a second one would block until that sandbox's next call). */
 static int wait_events(int epfd, int wait_ms) {
     struct pollfd p[1 + MAX_DIRECT];
     int n = -1;
     pthread_mutex_lock(&lock);
+    if (watch_owner != getpid()) {
+        watch_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  /* -1: the epoll set alone */
+        watch_owner = getpid();
+    }
     if (n_indirect == 0 && n_direct > 0 && watch_efd >= 0) {
         n = n_direct;
         for (int i = 0; i < n; i++)
@@ -765,7 +786,9 @@ static int wait_events(int epfd, int wait_ms) {
     }
     int k = 0;
     for (int i = 1; i <= n; i++) {
-        /* POLLIN/HUP/ERR have epoll's values; POLLNVAL: closed meanwhile, not ours. */
+        if (p[i].revents & POLLNVAL)  /* cannot happen (removed before closed): the set */
+            return epoll_wait(epfd, pending_events, 16, 0);
+        /* POLLIN/HUP/ERR have epoll's values. */
         if (p[i].revents & (POLLIN | POLLHUP | POLLERR)) {
             pending_events[k].events = p[i].revents & (POLLIN | POLLHUP | POLLERR);
             pending_events[k].data.fd = p[i].fd;

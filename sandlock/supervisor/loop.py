@@ -297,19 +297,22 @@ class Supervisor:
         seccomp.notif_sync_wake_up(listener)  # speed only (fastconnect.c, wait_events)
         with self._lock:
             self._sessions[listener] = session
-        self._epoll.register(listener, select.EPOLLIN)
-        if self._fast is not None:
-            self._fast.watch(listener, True)
+        if self._fast is not None:  # the epoll set and C's view of it, in one call
+            self._fast.add(self._epoll.fileno(), listener)
+        else:
+            self._epoll.register(listener, select.EPOLLIN)
 
     def _drop(self, listener: int) -> None:
         with self._lock:
             session = self._sessions.pop(listener, None)
-        try:
-            self._epoll.unregister(listener)
-        except OSError:
-            pass
         if self._fast is not None:
-            self._fast.watch(listener, False)
+            self._fast.remove(self._epoll.fileno(), listener)
+        else:
+            try:
+                self._epoll.unregister(listener)
+            except OSError:
+                pass
+        if self._fast is not None:
             # Before the number can serve another sandbox: nothing of this one may reach it.
             if session is not None and session.forks is not None:
                 session.forks.lend_to(None, -1)
