@@ -771,3 +771,42 @@ def test_cd_by_a_name_whose_workdir_directory_moved_enters_the_right_one(tree, t
     r = cow_box(work, tmp_path / "store", backend).run(["sh", "-c", script])
     assert r.stdout == bare.stdout and r.exit_code == bare.returncode, (r.stdout, r.stderr)
     assert snapshot(work, mtimes=False) == snapshot(outside, mtimes=False)
+
+
+IDENTITY_SCRIPT = """
+import os, subprocess
+before = os.lstat("old.txt")
+with open("old.txt", "a") as f:   # copied up into the layer
+    f.write("more\\n")
+after = os.lstat("old.txt")
+os.link("keep.txt", "linked.txt")  # a hard link to an untouched workdir file
+fresh = open("new.txt", "w"); fresh.close()
+print((before.st_dev, before.st_ino) == (after.st_dev, after.st_ino),
+      os.lstat("linked.txt").st_ino == KEEP_INO == os.stat("keep.txt").st_ino,
+      os.lstat("new.txt").st_ino not in (KEEP_INO, before.st_ino),
+      # coreutils' stat asks with statx
+      subprocess.run(["stat", "-c", "%i", "old.txt"], capture_output=True,
+                     text=True).stdout.strip() == str(before.st_ino))
+"""
+
+
+def test_a_copied_up_file_keeps_the_identity_stat_reported(tmp_path):
+    """A file copied into the layer (on its first write, or to give it a hard link) is still
+    the same file to stat: (st_dev, st_ino) of its workdir origin, as overlayfs keeps them.
+    `git clone` of a repository inside the workdir checks each hard link it makes against
+    its earlier lstat of the source, and died ("hardlink different from source"). A file the
+    layer made has its own; nothing of this reaches the workdir at commit."""
+    work, store = tmp_path / "w", tmp_path / "s"
+    work.mkdir()
+    (work / "old.txt").write_text("old\n")
+    (work / "keep.txt").write_text("keep\n")
+    for p in (tmp_path, work):
+        p.chmod(0o755)
+    keep_ino = os.lstat(work / "keep.txt").st_ino
+    sb = cow_box(work, store, on_exit=BranchAction.COMMIT)
+    r = run_py(sb, IDENTITY_SCRIPT.replace("KEEP_INO", str(keep_ino)), timeout=60)
+    assert r.success, r.stderr
+    assert r.stdout == b"True True True True\n", r.stdout
+    assert (work / "old.txt").read_text() == "old\nmore\n"  # committed
+    for name in ("old.txt", "keep.txt", "linked.txt", "new.txt"):
+        assert not [x for x in os.listxattr(work / name) if x.startswith("user.sandlock.")]

@@ -134,6 +134,54 @@ WORKFLOWS = {
     "tmpdir-scratch": ({}, "d=$(mktemp -d) && echo x > $d/f && cat $d/f && rm -r $d", ()),
     "rename-over-and-hardlink": ({"x": b"a\n", "y": b"b\n"},
                                  "mv y x && cat x && ln x z && echo c >> z && cat x", ()),
+    "sed-in-place": ({"conf": b"name = a\n"}, "sed -i 's/a/b/' conf && cat conf", ()),
+    "compileall": ({"pkg/__init__.py": b"", "pkg/m.py": b"X = 1\n"},
+                   "python3 -m compileall -q pkg && ls pkg/__pycache__ | wc -l",
+                   ("pkg/__pycache__",)),
+    "git-clone-into-subdir": (_git_repo, "git clone -q . sub/clone && cat sub/clone/f && "
+                                         "git -C sub/clone log --format=%s",
+                              (".git", "sub/clone/.git")),
+    "git-worktree": (_git_repo, "git branch feature && git worktree add -q wt feature && "
+                                "cat wt/f && git worktree list | wc -l",
+                     (".git", "wt/.git")),
+    "git-gc": (_git_repo, "git gc -q && git log --format=%s && git status --porcelain",
+               (".git",)),
+    "sqlite": ({}, "python3 -c \"import sqlite3; c = sqlite3.connect('db.sqlite'); "
+                   "c.execute('create table t(x)'); c.execute('insert into t values (1)'); "
+                   "c.commit(); print(c.execute('select * from t').fetchall())\"",
+               ("db.sqlite",)),
+    "ln-sf-replace": ({"a": b"a\n", "b": b"b\n"},
+                      "ln -s a l && ln -sfn b l && readlink l && cat l", ()),
+    "cp-a-and-touch": ({"d/f": b"x\n"}, "cp -a d e && touch -d 2020-01-01 e/f && "
+                                          "stat -c %Y e/f && ls e", ()),
+    "find-xargs-rm": ({"a.tmp": b"1", "b/c.tmp": b"2", "b/keep": b"3"},
+                      "find . -name '*.tmp' -print0 | xargs -0 rm && find . | sort", ()),
+    "zip-round-trip": ({"dir/a": b"a\n", "dir/sub/b": b"b\n"},
+                       "python3 -m zipfile -c a.zip dir && rm -r dir && "
+                       "python3 -m zipfile -e a.zip . && find dir | sort",
+                       ("a.zip",)),
+    "make-parallel": ({"a.c": b"int a(void) { return 1; }\n",
+                       "b.c": b"int b(void) { return 2; }\n",
+                       "main.c": b"#include <stdio.h>\nint a(void); int b(void);\n"
+                                 b"int main(void) { printf(\"%d\\n\", a() + b()); }\n",
+                       "Makefile": b"app: a.o b.o main.o\n\tcc -o app a.o b.o main.o\n"},
+                      "make -s -j2 && ./app", ()),
+    "flock": ({}, "flock lockfile -c 'echo locked' && ls", ()),
+    "fifo": ({}, "mkfifo p && (echo through > p &) && cat p && rm p && ls", ()),
+    "chmod-recursive": ({"x/y/z": b"z\n"}, "chmod -R 700 x && stat -c %a x/y/z x/y", ()),
+    "truncate-and-append": ({"f": b"old content\n"},
+                            "truncate -s 0 f && echo a >> f && wc -c < f", ()),
+    "tempfile-rename-in-workdir": ({}, "python3 -c \"import tempfile, os; "
+                                       "f = tempfile.NamedTemporaryFile(dir='.', delete=False); "
+                                       "f.write(b'x'); f.close(); os.rename(f.name, 'out'); "
+                                       "print(open('out').read())\"", ()),
+    "mv-lower-dir": ({"a/b/f": b"1\n", "a/keep": b"k\n"},
+                     "mv a/b a/c && cat a/c/f && ls a && mv a z && cat z/c/f", ()),
+    "rm-rf-lower-tree": ({"t/x/y": b"1", "t/z": b"2", "u": b"3"},
+                         "rm -rf t && ls && mkdir t && echo new > t/z && cat t/z", ()),
+    "write-through-symlink-to-dir": ({"real/f": b"f\n"},
+                                     "ln -s real l && echo g > l/g && cat real/g && ls real",
+                                     ()),
 }
 
 
@@ -249,7 +297,7 @@ def bare_results(tmp_path_factory):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(WORKFLOWS))
 def test_workflow_matches_a_real_filesystem(name, backend, bare_results, tmp_path):
-    for tool in ("cc", "make", "git", "cmake", "npm", "node", "tar"):
+    for tool in ("cc", "make", "git", "cmake", "npm", "node", "tar", "flock", "mkfifo"):
         if tool in WORKFLOWS[name][1] and shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
     rc, out, tree = bare_results(name)

@@ -34,8 +34,8 @@ import threading
 
 from .._kernel.fileops import open_no_symlinks
 
-from .location import (LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PENDING, UPPER,  # noqa: F401
-                       XATTR_PREFIX, Loc)
+from .location import (IDENTITY, LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PENDING,  # noqa: F401
+                       UPPER, XATTR_PREFIX, Loc)
 
 
 def _xattr(path: str, name: str) -> str | None:
@@ -406,12 +406,27 @@ class CowLayer:
             try:
                 copy_data(fin, fd)
                 copy_metadata(fin, fd, st)
+                # The identity stat reported for it until now (see identity()).
+                os.setxattr(fd, IDENTITY, f"{st.st_dev}:{st.st_ino}".encode())
             finally:
                 os.close(fd)
         finally:
             os.close(fin)
         os.rename(tmp, dst)  # the placeholder (and its origin xattr) goes in one step
         return Loc(UPPER, dst, dst, loc.rel)
+
+    @staticmethod
+    def identity(real: str) -> tuple[int, int] | None:
+        """(st_dev, st_ino) a stat of the upper file `real` reports: its workdir origin's
+        if it is a copy-up (as overlayfs keeps a copied-up file's inode number), so that
+        what a program stat'ed before its first write, or before a hard link to it (git
+        clone checks the link against the source's earlier lstat), is the same file after.
+        None for a file the layer made."""
+        try:
+            dev, _, ino = os.getxattr(real, IDENTITY, follow_symlinks=False).partition(b":")
+            return int(dev), int(ino)
+        except (OSError, ValueError):
+            return None
 
     def scratch_name(self) -> str:
         """A fresh path in the layer's scratch directory (same filesystem as the upper tree,

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 ORIGIN = "user.sandlock.origin"    # on placeholders and pending directories: lower relpath
 PENDING = "user.sandlock.pending"  # on directories not yet materialized
+IDENTITY = "user.sandlock.identity"  # on a copied-up file: "dev:ino" of its workdir origin
 XATTR_PREFIX = "user.sandlock."
 MAX_LINKS = 40
 

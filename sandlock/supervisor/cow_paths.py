@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 
 from .._kernel import memory
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
@@ -152,6 +153,18 @@ def raw_stat(real: str, size: int, statx_args=None) -> bytes:
         syscall(NR_STATX, AT_FDCWD, os.fsencode(real),
                 (flags & ~AT_EMPTY_PATH) | AT_SYMLINK_NOFOLLOW, ctypes.c_uint(mask), buf)
     return buf.raw
+
+
+def with_identity(raw: bytes, identity: tuple[int, int], statx: bool) -> bytes:
+    """A stat answer (struct stat, or struct statx) with (st_dev, st_ino) replaced."""
+    dev, ino = identity
+    out = bytearray(raw)
+    if statx:  # stx_ino at 32, stx_dev_major/minor at 136/140
+        struct.pack_into("=Q", out, 32, ino)
+        struct.pack_into("=II", out, 136, os.major(dev), os.minor(dev))
+    else:  # st_dev, st_ino first (x86-64 and the generic layout alike)
+        struct.pack_into("=QQ", out, 0, dev, ino)
+    return bytes(out)
 
 
 def runtime_path_check(session, loc: Loc) -> None:

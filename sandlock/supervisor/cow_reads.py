@@ -10,8 +10,9 @@ import errno
 import os
 
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
-from ..cow.location import MISSING, XATTR_PREFIX
-from .cow_paths import (STAT_SIZE, STATX_SIZE, located, raw_stat, rel_of, write_child)
+from ..cow.location import MISSING, UPPER, XATTR_PREFIX
+from .cow_paths import (STAT_SIZE, STATX_SIZE, located, raw_stat, rel_of, with_identity,
+                        write_child)
 from .network import CONTINUE
 
 AT_EACCESS = 0x200
@@ -37,6 +38,9 @@ def _stat_common(req, session, dirfd, path_arg, buf_arg, at_flags, statx_args=No
     with session.cow.lock:
         loc = _existing(session, req, rel, not at_flags & AT_SYMLINK_NOFOLLOW)
         raw = raw_stat(loc.real, STATX_SIZE if statx_args else STAT_SIZE, statx_args)
+        identity = session.cow.identity(loc.real) if loc.kind == UPPER else None
+    if identity is not None:
+        raw = with_identity(raw, identity, statx_args is not None)
     write_child(req, session, req.args[buf_arg], raw)
     return 0
 
