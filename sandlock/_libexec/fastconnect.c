@@ -37,6 +37,9 @@
  *    call is shut down when its caller's notification disappears (the caller died).
  *  - Answers go through the entry's own duplicate of the listener, so a listener closed
  *    and its number reused meanwhile can never receive another filter's answer.
+ *  - The wait (wait_events) reports each listener at most once per readiness, so it is
+ *    received from once: a receive with nothing pending would block the loop. The epoll
+ *    set and the listeners polled directly change together (sl_fast_add/remove).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -539,17 +542,17 @@ static int num_threads(pid_t pid) {
     return atoi(p);  /* field 20: num_threads */
 }
 
+/* O_TMPFILE's own bit. glibc's __O_TMPFILE includes O_DIRECTORY, and masking with it sent
+ * every directory open (opendir: git, find, ls) to Python, which opens the same untouched
+ * directory of the workdir and injects it (cow_calls._open, LOWER without writes). */
+#define TMPFILE_BIT 020000000
+
 /* A path call of a copy-on-write workspace that only looks (supervisor/cow_reads.py,
  * cow_calls.py): stat family, access, readlink, xattr reads, getcwd, chdir, exec, and
  * opens for reading that create and truncate nothing. While the layer holds no change
  * the workspace is the workdir itself, read-only under Landlock: the kernel may do these
  * calls as the sandbox, with the sandbox's own rights, and whatever it re-reads (another
  * path, other flags) stays under those rights. openat2 (flags in memory) goes to Python. */
-/* O_TMPFILE's own bit. glibc's __O_TMPFILE includes O_DIRECTORY, and masking with it sent
- * every directory open (opendir: git, find, ls) to Python, which opens the same untouched
- * directory of the workdir and injects it (cow_calls._open, LOWER without writes). */
-#define TMPFILE_BIT 020000000
-
 static int cow_read_only(const struct seccomp_notif *n) {
     switch (n->data.nr) {
 #ifdef SYS_stat
