@@ -294,9 +294,17 @@ def bare_results(tmp_path_factory):
     return get
 
 
+# What differs from a real filesystem, documented in docs/workspace.md (limits per backend).
+KNOWN = {("git-clone-into-subdir", "overlay", False):
+         "unprivileged overlayfs: a new hard link to a workdir file gets another inode number"}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(WORKFLOWS))
-def test_workflow_matches_a_real_filesystem(name, backend, bare_results, tmp_path):
+def test_workflow_matches_a_real_filesystem(name, backend, bare_results, tmp_path, request):
+    known = KNOWN.get((name, backend, IS_ROOT))
+    if known:  # strict: if it starts to work, the limit must leave the docs
+        request.applymarker(pytest.mark.xfail(reason=known, strict=True))
     for tool in ("cc", "make", "git", "cmake", "npm", "node", "tar", "flock", "mkfifo"):
         if tool in WORKFLOWS[name][1] and shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
