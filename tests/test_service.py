@@ -23,8 +23,7 @@ IN_PROCESS = [sys.executable, "-m", "sandlock"]
 
 
 def _sock(env):
-    from sandlock.service.server import names
-    return os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", names()[0])
+    return os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "service.sock")
 
 
 def _status(env):
@@ -300,14 +299,12 @@ def test_a_chrooted_process_neither_uses_nor_impersonates_the_service(env, jail,
     # The impostor: jailed, it takes the lock and the socket.
     d = os.path.dirname(_sock(env))
     got = tmp_path / "got"
-    from sandlock.service.server import names
-    sock_name, lock_name = names()
     impostor = ("import fcntl, os, socket, sys\nd, got = sys.argv[1], sys.argv[2]\n"
-                f"os.unlink(d + '/{lock_name}')\n"
-                f"lock = os.open(d + '/{lock_name}', os.O_RDWR | os.O_CREAT, 0o600)\n"
-                f"fcntl.lockf(lock, fcntl.LOCK_EX)\nos.unlink(d + '/{sock_name}')\n"
+                "os.unlink(d + '/service.lock')\n"
+                "lock = os.open(d + '/service.lock', os.O_RDWR | os.O_CREAT, 0o600)\n"
+                "fcntl.lockf(lock, fcntl.LOCK_EX)\nos.unlink(d + '/service.sock')\n"
                 "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
-                f"s.bind(d + '/{sock_name}')\ns.listen(8)\nprint('listening', flush=True)\n"
+                "s.bind(d + '/service.sock')\ns.listen(8)\nprint('listening', flush=True)\n"
                 "s.settimeout(30)\nc, _ = s.accept()\nc.settimeout(5)\ndata = b''\n"
                 "try:\n    data = c.recv(1 << 20)\nexcept OSError:\n    pass\n"
                 "open(got, 'wb').write(data)\n")
@@ -505,8 +502,7 @@ def test_without_xdg_runtime_dir_the_service_lives_in_tmp(env):
     try:
         _wait_served(e)
         d = f"/tmp/sandlock-service-{os.geteuid()}"
-        from sandlock.service.server import names
-        assert os.stat(d).st_mode & 0o777 == 0o700 and os.path.exists(f"{d}/{names()[0]}")
+        assert os.stat(d).st_mode & 0o777 == 0o700 and os.path.exists(d + "/service.sock")
     finally:
         subprocess.run(IN_PROCESS + ["service", "stop"], env=e, capture_output=True,
                        timeout=30)

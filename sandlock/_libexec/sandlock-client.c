@@ -129,27 +129,6 @@ static int eligible(int argc, char **argv) {
 }
 
 static char dir[sizeof ((struct sockaddr_un *)0)->sun_path];  /* the service's directory */
-static char tag[16];  /* this installation's: service-TAG.sock and service-TAG.lock */
-
-/* FNV-1a of this executable's bytes, as the service computes it from the client it was
- * installed with (server.names()): two installations of one user each have a service of
- * their own (a service serves no other installation's client). 0 if unreadable. */
-static int make_tag(void) {
-    uint32_t h = 2166136261u;
-    int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    unsigned char chunk[65536];
-    ssize_t n;
-    while ((n = read(fd, chunk, sizeof chunk)) > 0)
-        for (ssize_t i = 0; i < n; i++)
-            h = (h ^ chunk[i]) * 16777619u;
-    close(fd);
-    if (n < 0)
-        return -1;
-    snprintf(tag, sizeof tag, "%08x", h);
-    return 0;
-}
 
 static int socket_path(struct sockaddr_un *sa) {
     const char *xdg = getenv("XDG_RUNTIME_DIR");
@@ -164,11 +143,9 @@ static int socket_path(struct sockaddr_un *sa) {
     if (lstat(dir, &st) == 0 && (!S_ISDIR(st.st_mode) || st.st_uid != geteuid()
                                  || (st.st_mode & 077)))
         return -1;
-    if (make_tag() != 0)
-        return -1;
     memset(sa, 0, sizeof *sa);
     sa->sun_family = AF_UNIX;
-    n = snprintf(sa->sun_path, sizeof sa->sun_path, "%s/service-%s.sock", dir, tag);
+    n = snprintf(sa->sun_path, sizeof sa->sun_path, "%s/service.sock", dir);
     return n < 0 || (size_t)n >= sizeof sa->sun_path ? -1 : 0;
 }
 
@@ -205,12 +182,12 @@ static ssize_t read_file(const char *path, char *buf, size_t len) {
 #endif
 
 /* Whether process `pid` holds the service's lock: a POSIX write lock (the service takes
- * it with lockf) on service-TAG.lock in the service's directory, a regular file of this
+ * it with lockf) on service.lock in the service's directory, a regular file of this
  * user's with no other name. F_GETLK names the holder; /proc/locks would too, but its
  * read synchronizes RCU (milliseconds). */
 static int holds_lock(pid_t pid) {
-    char path[sizeof dir + 32];
-    snprintf(path, sizeof path, "%s/service-%s.lock", dir, tag);
+    char path[sizeof dir + 16];
+    snprintf(path, sizeof path, "%s/service.lock", dir);
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0)
         return 0;

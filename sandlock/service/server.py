@@ -30,10 +30,8 @@ user's put in the service's place is never handed anything.
 
 Files (a directory of the user's alone, mode 0700): $XDG_RUNTIME_DIR/sandlock/ or
 /tmp/sandlock-service-UID/ (not /tmp/sandlock-UID/, which registry.py makes a HOME of
-when there is none): service-TAG.sock, service-TAG.lock (held by the live service: a
-second one started meanwhile exits; a socket left by a dead one is replaced), service.log.
-TAG names the installation (names()): each installation of one user's has its own service,
-since a service serves only callers running its own client.
+when there is none): service.sock, service.lock (held by the live service: a second one
+started meanwhile exits; a socket left by a dead one is replaced), service.log.
 """
 
 from __future__ import annotations
@@ -360,16 +358,6 @@ def _client_bytes() -> bytes | None:
         return None
 
 
-def names() -> tuple[str, str]:
-    """(socket, lock) file names of this installation's service: service-TAG.sock and
-    service-TAG.lock, TAG the 32-bit FNV-1a of the client's bytes, as the client computes
-    it from its own executable (sandlock-client.c, make_tag)."""
-    h = 2166136261
-    for byte in _client_bytes() or b"":
-        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
-    return f"service-{h:08x}.sock", f"service-{h:08x}.lock"
-
-
 def _code_stamp() -> dict[str, float]:
     """Sandlock's modules as loaded, and the client: a change on disk retires the
     service."""
@@ -433,8 +421,7 @@ def serve(idle: float = IDLE) -> int:
         raise PermissionError("the CLI service does not run under no_new_privs or seccomp")
     where = _own_directory(directory())
     os.chdir("/")  # holds no directory of the user's busy; requests bring their own
-    sock_name, lock_name = names()
-    lock = os.open(os.path.join(where, lock_name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+    lock = os.open(os.path.join(where, "service.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                    0o600)
     try:
         # A POSIX record lock: held by this process alone (never inherited by the
@@ -443,7 +430,7 @@ def serve(idle: float = IDLE) -> int:
         fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except (BlockingIOError, PermissionError):
         return 1
-    path = os.path.join(where, sock_name)
+    path = os.path.join(where, "service.sock")
     try:
         os.unlink(path)  # a dead service's (the lock is ours: nobody serves it)
     except FileNotFoundError:
@@ -567,7 +554,7 @@ def request(kind: int) -> bytes | None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(REPLY_WAIT)
     try:
-        s.connect(os.path.join(directory(), names()[0]))
+        s.connect(os.path.join(directory(), "service.sock"))
         body = MAGIC + struct.pack("<III", kind, 0, 0)
         s.send(body)
         return s.recv(4096)
