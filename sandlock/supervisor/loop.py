@@ -294,10 +294,12 @@ class Supervisor:
                 session.forks.lend_to(fast, listener)
             if session.fast and session.cow is not None:
                 session.cow.on_first_change = lambda: fast.clear(listener, COW_PRISTINE)
-        seccomp.notif_sync_wake_up(listener)  # speed only (fastconnect.c, wait_events)
         with self._lock:
             self._sessions[listener] = session
         if self._fast is not None:  # the epoll set and C's view of it, in one call
+            # Speed only: the C wait polls few listeners directly, where this hint
+            # survives (fastconnect.c, wait_events); Python's epoll wait would lose it.
+            seccomp.notif_sync_wake_up(listener)
             self._fast.add(self._epoll.fileno(), listener)
         else:
             self._epoll.register(listener, select.EPOLLIN)
@@ -305,14 +307,13 @@ class Supervisor:
     def _drop(self, listener: int) -> None:
         with self._lock:
             session = self._sessions.pop(listener, None)
-        if self._fast is not None:
-            self._fast.remove(self._epoll.fileno(), listener)
-        else:
+        if self._fast is None:
             try:
                 self._epoll.unregister(listener)
             except OSError:
                 pass
-        if self._fast is not None:
+        else:
+            self._fast.remove(self._epoll.fileno(), listener)
             # Before the number can serve another sandbox: nothing of this one may reach it.
             if session is not None and session.forks is not None:
                 session.forks.lend_to(None, -1)
