@@ -12,7 +12,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .layer import ORIGIN, PENDING, CowLayer, _safe_rel, _xattr
+from .layer import ORIGIN, PENDING, CowLayer, _safe_rel, _xattr, open_read
 
 
 @dataclass(frozen=True)
@@ -99,23 +99,26 @@ def sha256_fd(fd: int) -> str:
     return h.hexdigest()
 
 
-def sha256_file(path: str) -> str:
-    """The content digest of a regular file (its last component is never followed)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def sha256_file(path: str, own: bool = False) -> str:
+    """The content digest of a regular file (its last component is never followed). `own`:
+    a file of the upper layer, read even if its owner made it unreadable."""
+    fd = open_read(path, os.O_NONBLOCK) if own else \
+        os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         return sha256_fd(fd)
     finally:
         os.close(fd)
 
 
-def entry(path: str, content_from: str | None = None) -> Entry:
-    """The entry at `path`; a placeholder passes its origin as `content_from`."""
+def entry(path: str, content_from: str | None = None, own: bool = False) -> Entry:
+    """The entry at `path`; a placeholder passes its origin as `content_from`. `own`: `path`
+    is in the upper layer (layer.open_read)."""
     real = content_from or path
     st = os.lstat(real)
     kind = _kind(st.st_mode)
     digest = ""
     if kind == "file":
-        digest = sha256_file(real)
+        digest = sha256_file(real, own and content_from is None)
     elif kind == "symlink":
         digest = os.readlink(real)
     return Entry(kind, stat.S_IMODE(st.st_mode), st.st_size if kind == "file" else 0, digest,
@@ -126,7 +129,7 @@ def _upper_entry(layer: CowLayer, upath: str) -> Entry:
     origin = layer.placeholder_origin(upath)
     if origin is not None:
         return entry(upath, os.path.join(layer.lower, origin))
-    return entry(upath)
+    return entry(upath, own=True)
 
 
 def _names(path: str) -> list[str]:

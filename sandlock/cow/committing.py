@@ -31,7 +31,7 @@ import stat
 
 from .._kernel.fileops import open_beneath
 from .changes import Change, diff, sha256_fd
-from .layer import CowLayer, copy_data, copy_metadata
+from .layer import CowLayer, copy_data, copy_metadata, open_read
 
 PLAN, DONE = "commit.json", "commit.done"
 
@@ -174,7 +174,7 @@ def _place(layer: CowLayer, root_fd: int, op: dict, plan_id: str) -> None:
         elif op["kind"] == "symlink":
             os.symlink(op["digest"], tmp, dir_fd=parent.fd)
         elif op["kind"] == "file":
-            src = os.open(op["source"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            src = open_read(op["source"])  # the layer's (never the workdir's) file
             try:
                 st = os.fstat(src)
                 if not stat.S_ISREG(st.st_mode):

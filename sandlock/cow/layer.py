@@ -40,11 +40,46 @@ from .location import (IDENTITY, LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PEN
 
 def _xattr(path: str, name: str) -> str | None:
     try:
-        return os.getxattr(path, name, follow_symlinks=False).decode()
+        try:
+            return os.getxattr(path, name, follow_symlinks=False).decode()
+        except PermissionError:
+            return read_unreadable(path, lambda p: os.getxattr(p, name)).decode()
     except OSError as e:
         if e.errno in (errno.ENODATA, errno.ENOENT, errno.ENOTSUP, errno.EPERM):
             return None
         raise
+
+
+def open_read(path: str, flags: int = 0) -> int:
+    """An fd reading the layer's own regular file `path` (last component not followed),
+    even if its owner made it unreadable (read_unreadable)."""
+    flags |= os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags)
+    except PermissionError:
+        return read_unreadable(path, lambda p: os.open(p, flags & ~os.O_NOFOLLOW))
+
+
+def read_unreadable(path: str, read):
+    """`read(p)` on a layer object whose owner took its own read right away (chmod 000: a
+    user xattr, like the content, needs it, and the supervisor acts without capabilities):
+    with the owner's read bit added for that moment, through an O_PATH fd (the object
+    itself, never a path re-resolved), then the mode as it was. Only the upper tree's own
+    objects are passed here (the sandbox's, which it could chmod back itself), under the
+    layer's lock or at commit."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.EPERM, "a symlink has no user xattrs")
+        via = f"/proc/self/fd/{fd}"
+        os.chmod(via, stat.S_IMODE(st.st_mode) | stat.S_IRUSR)
+        try:
+            return read(via)
+        finally:
+            os.chmod(via, stat.S_IMODE(st.st_mode))
+    finally:
+        os.close(fd)
 
 
 def _safe_rel(rel: str) -> str:
@@ -423,7 +458,7 @@ class CowLayer:
         clone checks the link against the source's earlier lstat), is the same file after.
         None for a file the layer made."""
         try:
-            dev, _, ino = os.getxattr(real, IDENTITY, follow_symlinks=False).partition(b":")
+            dev, _, ino = (_xattr(real, IDENTITY) or "").partition(":")
             return int(dev), int(ino)
         except (OSError, ValueError):
             return None

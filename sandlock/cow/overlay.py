@@ -108,7 +108,7 @@ class OverlayLayer:
                     if before.kind == "dir":
                         self._all_lower(r, out)
                 continue
-            after = entry(upath)
+            after = entry(upath, own=True)
             if before is None:
                 out.append(Change(r, "added", None, after))
                 if after.kind == "dir":
@@ -146,7 +146,7 @@ class OverlayLayer:
         for name in sorted(upper_names):
             r = f"{rel}/{name}"
             upath = os.path.join(udir, name)
-            after = entry(upath)
+            after = entry(upath, own=True)
             before = entry(os.path.join(ldir, name)) if name in lower_names else None
             if before is None:
                 out.append(Change(r, "added", None, after))
@@ -169,7 +169,7 @@ class OverlayLayer:
             st = os.lstat(upath)
             if _is_whiteout(upath, st):
                 continue  # nothing below to delete
-            after = entry(upath)
+            after = entry(upath, own=True)
             out.append(Change(r, "added", None, after))
             if after.kind == "dir":
                 self._all_upper(upath, r, out)

@@ -29,7 +29,8 @@ from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fch
                                open_no_symlinks, renameat2)
 from ..cow.location import LOWER, MISSING, OUTSIDE, UPPER, Loc
 from . import cow_reads
-from .cow_paths import located, quota, rel_of, runtime_path_check, spelled, umask_of
+from .cow_paths import (located, lookup_follows, quota, rel_of, runtime_path_check, spelled,
+                        umask_of)
 from .network import CONTINUE, Defer, Guard, Inject
 from .request import Denied, Request
 
@@ -52,9 +53,9 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
         # An O_PATH fd cannot be handed over (SECCOMP_IOCTL_NOTIF_ADDFD takes none): the
         # kernel opens it, re-issued with the real path of what the sandbox sees there.
         from .reissue import Reissue
-        runtime_path_check(session, located(session, req, rel, not flags & os.O_NOFOLLOW,
-                                            False))
-        same, target = _object(session, req, dirfd, path, not flags & os.O_NOFOLLOW)
+        follow = lookup_follows(rel, not flags & os.O_NOFOLLOW)
+        runtime_path_check(session, located(session, req, rel, follow, False))
+        same, target = _object(session, req, dirfd, path, follow)
         if same or target is None:
             return CONTINUE
         return Reissue({_REGISTERS[path_arg]: os.fsencode(target)},
@@ -62,7 +63,7 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
     acc = flags & O_ACCMODE
     creat = bool(flags & os.O_CREAT)
     excl = creat and bool(flags & os.O_EXCL)
-    follow = not (flags & os.O_NOFOLLOW) and not excl
+    follow = lookup_follows(rel, not (flags & os.O_NOFOLLOW)) and not excl
     writes = acc != os.O_RDONLY or bool(flags & os.O_TRUNC)
     with layer.lock:
         loc = located(session, req, rel, follow, writes or creat)
@@ -400,7 +401,7 @@ def metadata_target(req, session, dirfd: int, path: bytes, follow: bool) -> int 
     if rel is None:
         return None
     with session.cow.lock:
-        loc = located(session, req, rel, follow, True)
+        loc = located(session, req, rel, lookup_follows(rel, follow), True)
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if loc.kind != OUTSIDE:
@@ -431,7 +432,7 @@ def _object(session, req, dirfd, path: bytes, follow: bool) -> tuple[bool, str |
         return True, None
     own_upper = text == layer.upper or text.startswith(layer.upper + "/")
     with layer.lock:
-        loc = layer.resolve(rel, follow_last=follow)
+        loc = layer.resolve(rel, follow_last=lookup_follows(rel, follow))
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if loc.kind == OUTSIDE:

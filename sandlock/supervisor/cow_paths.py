@@ -100,6 +100,14 @@ def _outside(session, real: str, write: bool) -> str:
     return real
 
 
+def lookup_follows(rel: str, follow: bool) -> bool:
+    """Whether a lookup (stat, open, chdir, exec, chmod...) follows the last component: a
+    trailing '/' makes the kernel follow a symlink there even under AT_SYMLINK_NOFOLLOW or
+    O_NOFOLLOW ("link/" is the directory it names). Not for unlink, rmdir, rename: there a
+    trailing '/' on a symlink is ENOTDIR (CowLayer.resolve)."""
+    return follow or rel.endswith("/")
+
+
 def located(session, req: Request, rel: str, follow: bool, write: bool,
             inspect: bool = False) -> Loc:
     """Resolve in the sandbox's view. A path that leaves the workdir is resolved further as

@@ -11,8 +11,8 @@ import os
 
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
 from ..cow.location import MISSING, UPPER, XATTR_PREFIX
-from .cow_paths import (STAT_SIZE, STATX_SIZE, located, raw_stat, rel_of, with_identity,
-                        write_child)
+from .cow_paths import (STAT_SIZE, STATX_SIZE, located, lookup_follows, raw_stat, rel_of,
+                        with_identity, write_child)
 from .network import CONTINUE
 
 AT_EACCESS = 0x200
@@ -22,7 +22,7 @@ AT_EACCESS = 0x200
 
 def _existing(session, req, rel: str, follow: bool):
     """Where a call that only looks finds `rel` (under the layer's lock); ENOENT if nothing."""
-    loc = located(session, req, rel, follow, False, inspect=True)
+    loc = located(session, req, rel, lookup_follows(rel, follow), False, inspect=True)
     if loc.kind == MISSING:
         raise OSError(errno.ENOENT, "No such file or directory")
     return loc
@@ -166,6 +166,13 @@ def getcwd(req, session):
         cwd = os.readlink(f"/proc/{req.pid}/cwd")
     except OSError:
         return CONTINUE
+    if cwd.endswith(" (deleted)"):
+        try:
+            gone = os.stat(f"/proc/{req.pid}/cwd").st_nlink == 0
+        except OSError:
+            return CONTINUE
+        if gone:  # removed (the layer's rmdir): the kernel's getcwd says so by ENOENT
+            raise OSError(errno.ENOENT, "No such file or directory")
     layer = session.cow
     now = layer.lower_path_now(cwd)
     if now == cwd and not (cwd == layer.upper or cwd.startswith(layer.upper + "/")):
@@ -176,8 +183,6 @@ def getcwd(req, session):
         raise OSError(errno.ERANGE, "Numerical result out of range")
     write_child(req, session, req.args[0], data)
     return len(data)
-
-
 
 
 HANDLERS = {
