@@ -220,6 +220,10 @@ WORKFLOWS = {
     "chmod-000-and-back": ({"f": b"secret\n"},
                            "echo new > g && chmod 000 f g && stat -c %a f g && chmod 600 f && "
                            "cat f", ()),
+    "fchmod-fchown-an-open-fd": ({"f": b"#!/bin/sh\necho fch\n"},
+                                 "python3 -c \"import os; fd = os.open('f', os.O_RDONLY); "
+                                 "os.fchmod(fd, 0o755); os.fchown(fd, os.getuid(), -1); "
+                                 "os.close(fd)\" && ./f && stat -c %a f", ()),
     "user-xattr": ({"f": b"x"}, "python3 -c \"import os; os.setxattr('f', 'user.k', b'v'); "
                                 "print(os.getxattr('f', 'user.k'))\"", ()),
     "sqlite3-wal": ({}, "sqlite3 db 'pragma journal_mode=wal; create table t(x); "

@@ -22,6 +22,7 @@ is run through its interpreter, e.g. `sh ./configure`, `python3 tool.py`).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 
@@ -407,6 +408,41 @@ def metadata_target(req, session, dirfd: int, path: bytes, follow: bool) -> int 
         if loc.kind != OUTSIDE:
             loc = session.cow.copy_up(loc)
         return session.cow.open_real(loc.real, os.O_PATH | os.O_NOFOLLOW)
+
+
+def fd_metadata_target(session, fd: int) -> int | None:
+    """fchmod/fchown on an fd the kernel opened on a workdir file (read-only, before any
+    change to it): an O_PATH fd on the upper copy (made now) of what the sandbox sees at
+    that name, if that is still the very file behind `fd`; None otherwise (the call is
+    then decided on `fd` itself). An O_PATH fd is never redirected (EBADF, as for the
+    kernel). The caller's fd still reads the workdir's file, whose content is the copy's;
+    an fstat through it shows the file as it was before the change."""
+    layer = session.cow
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH:
+        return None
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    if not path.startswith(layer.lower + "/"):
+        return None
+    st = os.fstat(fd)
+    with layer.lock:
+        try:
+            loc = layer.resolve(layer.relative(path), follow_last=False)
+        except OSError:
+            return None
+        if loc.kind == UPPER:  # copied up already: its copy, if of this very file
+            if layer.identity(loc.real) != (st.st_dev, st.st_ino):
+                return None
+        else:
+            if loc.kind != LOWER:
+                return None
+            now = os.lstat(loc.real)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                return None
+            loc = layer.copy_up(loc)
+        return layer.open_real(loc.real, os.O_PATH | os.O_NOFOLLOW)
 
 
 # --- exec and chdir: the kernel must find what the sandbox sees ---------------------------------

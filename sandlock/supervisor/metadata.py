@@ -151,8 +151,29 @@ def fchmodat2(req, session):
                 lambda t: fileops.fchmod_fd(t, _mode(t, req.args[2]), nofollow))
 
 
-def fchmod(req, session):
+def _fd_target(req: Request, session) -> tuple[int, bool]:
+    """Our duplicate of the fd argument, or with a copy-on-write workdir, the upper copy of
+    the workdir file it was opened on (cow_calls.fd_metadata_target); True for the latter
+    (an O_PATH fd)."""
     fd = req.dup_fd(req.arg_int(0))
+    if session.cow is None:
+        return fd, False
+    from .cow_calls import fd_metadata_target
+    try:
+        upper = fd_metadata_target(session, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if upper is None:
+        return fd, False
+    os.close(fd)
+    return upper, True
+
+
+def fchmod(req, session):
+    fd, upper = _fd_target(req, session)
+    if upper:
+        return _run(req, session, fd, lambda t: fileops.fchmod_fd(t, _mode(t, req.args[1])))
     return _run(req, session, fd, lambda t: os.fchmod(t, _mode(t, req.args[1])))
 
 
@@ -177,7 +198,10 @@ def fchownat(req, session):
 
 
 def fchown(req, session):
-    fd = req.dup_fd(req.arg_int(0))
+    fd, upper = _fd_target(req, session)
+    if upper:
+        return _run(req, session, fd,
+                    lambda t: fileops.fchown_fd(t, req.args[1], req.args[2]))
     return _run(req, session, fd,
                 lambda t: os.fchown(t, _uid(req.args[1]), _uid(req.args[2])))
 
