@@ -67,7 +67,9 @@ def read_unreadable(path: str, read):
     itself, never a path re-resolved), then the mode as it was. Only the upper tree's own
     objects are passed here (the sandbox's, which it could chmod back itself), under the
     layer's lock or at commit."""
-    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # No symlink on the way (the upper tree has none above its entries): the mode change
+    # can only reach the object named, never something a link leads to.
+    fd = open_no_symlinks(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode):
