@@ -42,7 +42,9 @@ def _xattr(path: str, name: str) -> str | None:
     try:
         try:
             return os.getxattr(path, name, follow_symlinks=False).decode()
-        except PermissionError:
+        except PermissionError as e:
+            if e.errno != errno.EACCES:
+                raise
             return read_unreadable(path, lambda p: os.getxattr(p, name)).decode()
     except OSError as e:
         if e.errno in (errno.ENODATA, errno.ENOENT, errno.ENOTSUP, errno.EPERM):
@@ -56,7 +58,9 @@ def open_read(path: str, flags: int = 0) -> int:
     flags |= os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         return os.open(path, flags)
-    except PermissionError:
+    except PermissionError as e:
+        if e.errno != errno.EACCES:
+            raise
         return read_unreadable(path, lambda p: os.open(p, flags & ~os.O_NOFOLLOW))
 
 
@@ -75,7 +79,10 @@ def read_unreadable(path: str, read):
         if stat.S_ISLNK(st.st_mode):
             raise OSError(errno.EPERM, "a symlink has no user xattrs")
         via = f"/proc/self/fd/{fd}"
-        os.chmod(via, stat.S_IMODE(st.st_mode) | stat.S_IRUSR)
+        try:
+            os.chmod(via, stat.S_IMODE(st.st_mode) | stat.S_IRUSR)
+        except OSError:  # not the supervisor's own: unreadable it stays (never "absent")
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), path) from None
         try:
             return read(via)
         finally:
