@@ -32,7 +32,7 @@ import shutil
 import stat
 import threading
 
-from .._kernel.fileops import open_no_symlinks
+from .._kernel.fileops import fchmod_fd, open_no_symlinks
 
 from .location import (IDENTITY, LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PENDING,  # noqa: F401
                        UPPER, XATTR_PREFIX, Loc)
@@ -78,15 +78,14 @@ def read_unreadable(path: str, read):
         st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode):
             raise OSError(errno.EPERM, "a symlink has no user xattrs")
-        via = f"/proc/self/fd/{fd}"
         try:
-            os.chmod(via, stat.S_IMODE(st.st_mode) | stat.S_IRUSR)
+            fchmod_fd(fd, stat.S_IMODE(st.st_mode) | stat.S_IRUSR)
         except OSError:  # not the supervisor's own: unreadable it stays (never "absent")
             raise OSError(errno.EACCES, os.strerror(errno.EACCES), path) from None
         try:
-            return read(via)
+            return read(f"/proc/self/fd/{fd}")
         finally:
-            os.chmod(via, stat.S_IMODE(st.st_mode))
+            fchmod_fd(fd, stat.S_IMODE(st.st_mode))
     finally:
         os.close(fd)
 
