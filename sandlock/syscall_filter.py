@@ -90,8 +90,6 @@ _TIOCLINUX = 0x541C
 # ADDR_LIMIT_3GB: each weakens memory-safety defences of the process and its exec'd children.
 _PERSONALITY_FLAGS = (0x0040000, 0x0100000, 0x0200000, 0x0400000, 0x0800000, 0x8000000)
 _LOW32 = 0xFFFFFFFF
-_AT_EMPTY_PATH = 0x1000
-_COW_FD_FORMS = {"newfstatat": 3, "statx": 2}  # the flags argument
 # Socket families a sandbox may create. AF_INET/AF_INET6 only as TCP (Landlock governs TCP
 # ports; UDP, raw and ICMP need the network supervisor's rules).
 _ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
@@ -182,7 +180,7 @@ RUNTIME_DENY = ("io_setup", "io_submit")
 # Path calls a copy-on-write workdir serves (sandlock.supervisor.cow_calls), and the calls
 # that must find in the real tree what the sandbox sees (execve, chdir).
 COW_SYSCALLS = (
-    "open", "creat", "openat", "stat", "lstat", "newfstatat", "statx",
+    "open", "creat", "openat", "stat", "lstat", "fstat", "newfstatat", "statx",
     "access", "faccessat", "faccessat2", "readlink", "readlinkat",
     "getxattr", "lgetxattr", "listxattr", "llistxattr", "getcwd", "chdir",
     "mkdir", "mkdirat", "mknod", "mknodat", "symlink", "symlinkat",
@@ -330,16 +328,10 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
                 continue  # sent whatever its flags
             for bit in bits:
                 f.add_rule(sc.NOTIFY, syscall_number(name), sc.Arg(arg, sc.MASKED_EQ, bit, bit))
+    # fstat() (newfstatat/statx(fd, "", AT_EMPTY_PATH), or fstat) is sent as well: on a
+    # file the layer copied, it must report the identity a stat by path reports (cp and
+    # install compare the two). The C fast path continues every other one (fastpath.py).
     for name in observed:  # only reachable with the supervisor (build() checks)
-        if name in _COW_FD_FORMS:
-            # fstat() is newfstatat/statx(fd, "", AT_EMPTY_PATH): about a quarter of a
-            # Python start's stat calls. It names no path, so it stays in the kernel. (With
-            # a non-empty path as well, the kernel resolves it itself: in the real tree, as
-            # any path spelled outside the workdir — a stale view, never a write.)
-            arg = _COW_FD_FORMS[name]
-            f.add_rule(sc.NOTIFY, syscall_number(name),
-                       sc.Arg(arg, sc.MASKED_EQ, _AT_EMPTY_PATH, 0))
-            continue
         f.add_rule(sc.NOTIFY, syscall_number(name))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     f.add_rule(sc.ERRNO(errno.ENOSYS), "openat2")

@@ -319,6 +319,41 @@ def test_a_pristine_workspace_lets_the_kernel_open_its_directories(tmp_path):
     assert stats()["cow_continued"] - before >= 300
 
 
+FSTATS = """\
+import os
+with open("fresh.txt", "w") as f:  # the layer's first change
+    f.write("new")
+with open("copied.txt", "a") as f:  # a workdir file copied into the layer
+    f.write("+")
+fd = os.open("data.txt", os.O_RDONLY)
+for _ in range(300):
+    st = os.fstat(fd)
+print(st.st_ino == os.stat("data.txt").st_ino)
+fd = os.open("copied.txt", os.O_RDONLY)
+a, b = os.stat("copied.txt"), os.fstat(fd)
+print(a.st_ino == b.st_ino, a.st_dev == b.st_dev, b.st_size)
+"""
+
+
+def test_after_a_change_fstat_stays_in_the_kernel_but_on_copied_files(tmp_path):
+    """After the first change, an fstat is continued in C unless its file is a copy the
+    layer made of a workdir file: that one reports the identity a stat by path reports
+    (cp compares the two), from Python."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("old")
+    (work / "copied.txt").write_text("c")
+    ino = os.stat(work / "copied.txt").st_ino
+    tmp_path.chmod(0o755)
+    sb = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"), cwd=str(work),
+                 on_exit="abort", workspace_backend="seccomp")
+    before = stats()["cow_continued"]
+    r = sb.run([PY, "-S", "-c", FSTATS], timeout=60)
+    assert r.success and r.stdout == b"True\nTrue True 2\n", r
+    assert stats()["cow_continued"] - before >= 300
+    assert os.stat(work / "copied.txt").st_ino == ino  # aborted: the copy was the layer's
+
+
 def test_a_library_from_another_version_is_not_used(tmp_path):
     """A stale build (a pull without `make helper`) is refused with a warning, and the
     supervisor does everything in Python: sandboxes still run."""

@@ -220,6 +220,15 @@ WORKFLOWS = {
     "chmod-000-and-back": ({"f": b"secret\n"},
                            "echo new > g && chmod 000 f g && stat -c %a f g && chmod 600 f && "
                            "cat f", ()),
+    # cp/install compare the source's stat with fstat of the fd they opened on it ("skipping
+    # file, as it was replaced while being copied"): a changed workdir file must be one
+    # inode to both, and an fstat of a file never changed stays the kernel's.
+    "cp-a-changed-file": ({"f": b"x\n", "u": b"u\n"},
+                          "echo y >> f && touch -d '2001-02-03 04:05:06' u && cp f g && "
+                          "cp -p f h && cp -p u v && install -m 644 f i && "
+                          "python3 -c \"import os; a = os.stat('f'); fd = os.open('f', "
+                          "os.O_RDONLY); b = os.fstat(fd); print(a.st_ino == b.st_ino, "
+                          "a.st_dev == b.st_dev)\" && cat g h i v && stat -c %Y v", ()),
     "fchmod-fchown-an-open-fd": ({"f": b"#!/bin/sh\necho fch\n"},
                                  "python3 -c \"import os; fd = os.open('f', os.O_RDONLY); "
                                  "os.fchmod(fd, 0o755); os.fchown(fd, os.getuid(), -1); "

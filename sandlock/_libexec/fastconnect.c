@@ -14,7 +14,9 @@
  *     duplicate of the child's socket by a worker thread with no effective capabilities.
  *  3. CONTINUE for a call that only looks at a path (cow_read_only) in a workspace whose
  *     layer holds no change yet (SL_COW_PRISTINE, cleared by Python before the first):
- *     the workspace is then the workdir itself, which Landlock keeps read-only.
+ *     the workspace is then the workdir itself, which Landlock keeps read-only. After a
+ *     change, CONTINUE for an fstat of an fd whose file carries no identity of the layer
+ *     (cow_fd_stat): the kernel's answer is then the one supervisor/cow_reads.py writes.
  *  4. CONTINUE for clone/fork/vfork under max_processes (SL_FORK_BUDGET), exactly as
  *     supervisor/lifecycle.py would without a policy_fn: a clone whose flags the filter
  *     refuses (syscall_filter.clone_refusal) goes to Python; a thread is continued; a
@@ -60,6 +62,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -146,7 +149,7 @@ static void unref(struct entry *e) {  /* with lock held */
 
 /* The interface version fastpath.py expects (a stale build is not used). */
 int sl_fast_version(void) {
-    return 5;
+    return 6;
 }
 
 /* Called by each new Supervisor before its thread starts, so with no other caller. In a
@@ -558,6 +561,9 @@ static int cow_read_only(const struct seccomp_notif *n) {
 #ifdef SYS_stat
     case SYS_stat: case SYS_lstat: case SYS_access: case SYS_readlink:
 #endif
+#ifdef SYS_fstat
+    case SYS_fstat:
+#endif
     case SYS_newfstatat: case SYS_statx: case SYS_faccessat: case SYS_faccessat2:
     case SYS_readlinkat: case SYS_getxattr: case SYS_lgetxattr: case SYS_listxattr:
     case SYS_llistxattr: case SYS_getcwd: case SYS_chdir: case SYS_execve: case SYS_execveat:
@@ -571,6 +577,80 @@ static int cow_read_only(const struct seccomp_notif *n) {
     default:
         return 0;
     }
+}
+
+/* cow/location.py IDENTITY: on a file of the layer copied from the workdir, the identity
+ * a stat reports for it (fastpath.py checks this name against Python's). */
+#define IDENTITY_XATTR "user.sandlock.identity"
+
+const char *sl_fast_identity_xattr(void) {
+    return IDENTITY_XATTR;
+}
+
+/* The fd an fstat names: fstat(fd), or newfstatat/statx(fd, "", AT_EMPTY_PATH) (the path's
+ * first byte copied out); -1 for any other form (a path: Python's). */
+static int fd_stat_form(const struct seccomp_notif *n) {
+    uint64_t path, flags;
+    switch (n->data.nr) {
+#ifdef SYS_fstat
+    case SYS_fstat:
+        return (int)n->data.args[0];
+#endif
+    case SYS_newfstatat:
+        path = n->data.args[1];
+        flags = n->data.args[3];
+        break;
+    case SYS_statx:
+        path = n->data.args[1];
+        flags = n->data.args[2];
+        break;
+    default:
+        return -1;
+    }
+    if (!(flags & AT_EMPTY_PATH) || (int)n->data.args[0] < 0)  /* AT_FDCWD: Python's */
+        return -1;
+    char first = 1;
+    struct iovec local = {&first, 1}, remote = {(void *)(uintptr_t)path, 1};
+    if (syscall(SYS_process_vm_readv, n->pid, &local, 1, &remote, 1, 0) != 1 || first != 0)
+        return -1;
+    return (int)n->data.args[0];
+}
+
+/* An fstat after the layer's first change: CONTINUE (1) unless the file behind the fd
+ * carries the layer's identity xattr (a copied-up file: Python reports its identity) or
+ * cannot be checked (0: Python's). The kernel re-reads the fd number when it continues:
+ * another thread may have put another of the sandbox's own fds there, and the kernel then
+ * describes that one, as an fstat outside any workspace would. Nothing is written. */
+static int cow_fd_stat(int listener, const struct seccomp_notif *n) {
+    int child_fd = fd_stat_form(n);
+    if (child_fd < 0)
+        return 0;
+    int pidfd = (int)syscall(SYS_pidfd_open, n->pid, 0);
+    if (pidfd < 0 && (errno == EINVAL || errno == ENOENT)) {
+        pid_t tgid = tgid_of(n->pid);
+        if (tgid > 0)
+            pidfd = (int)syscall(SYS_pidfd_open, tgid, 0);
+    }
+    if (pidfd < 0)
+        return 0;
+    if (!id_valid(listener, n->id)) {
+        close(pidfd);
+        return 0;
+    }
+    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, child_fd, 0);
+    close(pidfd);
+    if (fd < 0)
+        return 0;  /* EBADF and the like: Python answers the same error */
+    ssize_t r = fgetxattr(fd, IDENTITY_XATTR, NULL, 0);
+    int err = errno;
+    close(fd);
+    if (r >= 0 || (err != ENODATA && err != EOPNOTSUPP))
+        return 0;  /* a copy, or unknown (an O_PATH fd: EBADF; mode 000: EACCES) */
+    respond(listener, n->id, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);  /* ENOENT: died */
+    pthread_mutex_lock(&lock);
+    stat_cow++;
+    pthread_mutex_unlock(&lock);
+    return 1;
 }
 
 #define CLONE_NAMESPACES (0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 \
@@ -626,7 +706,7 @@ static int fast(int listener, struct seccomp_notif *n, int caps_dropped) {
             stat_cow++;
         pthread_mutex_unlock(&lock);
         if (!pristine)
-            return 0;
+            return e != NULL && cow_fd_stat(listener, n);
         respond(listener, n->id, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);  /* ENOENT: died */
         return 1;
     }

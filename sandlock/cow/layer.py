@@ -109,6 +109,7 @@ class CowLayer:
         self._complete: set[int] = set()
         self._pending: dict[int, str] = {}
         self._root_ino: int | None = None
+        self._upper_dev: int | None = None
         # Called once, before the first change: while there is none, the workspace is the
         # workdir itself (the supervisor's C fast path relies on that; see fastpath.py).
         self.on_first_change = None
@@ -470,6 +471,26 @@ class CowLayer:
             return int(dev), int(ino)
         except (OSError, ValueError):
             return None
+
+    def fd_identity(self, fd: int) -> tuple[int, int] | None:
+        """identity() of the file open at `fd` (ours), if it is a file of this layer's
+        upper tree; None for any other file."""
+        st = os.fstat(fd)
+        if self._upper_dev is None:
+            self._upper_dev = os.stat(self.upper).st_dev
+        if st.st_dev != self._upper_dev or not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            try:
+                value = os.getxattr(fd, IDENTITY)
+            except OSError as e:
+                if e.errno != errno.EBADF:  # EBADF: an O_PATH fd (no fgetxattr)
+                    raise
+                value = os.getxattr(f"/proc/self/fd/{fd}", IDENTITY)
+            dev, _, ino = value.decode().partition(":")
+            return int(dev), int(ino)
+        except (OSError, ValueError):
+            return None  # no identity (a file the layer made), or unreadable (mode 000)
 
     def scratch_name(self) -> str:
         """A fresh path in the layer's scratch directory (same filesystem as the upper tree,

@@ -153,13 +153,24 @@ def write_child(req: Request, session, addr: int, data: bytes) -> None:
 
 
 def raw_stat(real: str, size: int, statx_args=None) -> bytes:
+    """The kernel's stat answer (struct stat, or struct statx with statx_args = (flags,
+    mask)) for the path `real`, its last symlink not followed."""
+    return _raw_stat(AT_FDCWD, os.fsencode(real), AT_SYMLINK_NOFOLLOW, size, statx_args)
+
+
+def raw_stat_fd(fd: int, size: int, statx_args=None) -> bytes:
+    """The same for the inode open at `fd`."""
+    return _raw_stat(fd, b"", AT_EMPTY_PATH, size, statx_args)
+
+
+def _raw_stat(dirfd: int, path: bytes, at_flags: int, size: int, statx_args) -> bytes:
     buf = ctypes.create_string_buffer(size)
     if statx_args is None:
-        syscall(NR_NEWFSTATAT, AT_FDCWD, os.fsencode(real), buf, AT_SYMLINK_NOFOLLOW)
+        syscall(NR_NEWFSTATAT, dirfd, path, buf, at_flags)
     else:
-        flags, mask = statx_args
-        syscall(NR_STATX, AT_FDCWD, os.fsencode(real),
-                (flags & ~AT_EMPTY_PATH) | AT_SYMLINK_NOFOLLOW, ctypes.c_uint(mask), buf)
+        flags, mask = statx_args  # the caller's sync flags kept
+        flags = flags & ~(AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) | at_flags
+        syscall(NR_STATX, dirfd, path, flags, ctypes.c_uint(mask), buf)
     return buf.raw
 
 

@@ -11,8 +11,8 @@ import os
 
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
 from ..cow.location import MISSING, UPPER, XATTR_PREFIX
-from .cow_paths import (STAT_SIZE, STATX_SIZE, located, lookup_follows, raw_stat, rel_of,
-                        with_identity, write_child)
+from .cow_paths import (STAT_SIZE, STATX_SIZE, located, lookup_follows, raw_stat,
+                        raw_stat_fd, rel_of, with_identity, write_child)
 from .network import CONTINUE
 
 AT_EACCESS = 0x200
@@ -28,10 +28,29 @@ def _existing(session, req, rel: str, follow: bool):
     return loc
 
 
+def _fd_stat(req, session, dirfd, buf_arg, at_flags, statx_args=None):
+    """fstat of an fd (fstat, or an empty path with AT_EMPTY_PATH): the kernel's answer for
+    the inode the fd holds, with the workdir identity of a copied-up file, as a stat by
+    path reports it (cp and install compare the two: "replaced while being copied"). The
+    fast path sends only fds on such copies here (fastconnect.c cow_fd_stat)."""
+    if dirfd == AT_FDCWD:
+        return CONTINUE  # the working directory: the kernel's, as a stat of "." by path
+    fd = req.dup_fd(dirfd)
+    try:
+        raw = raw_stat_fd(fd, STATX_SIZE if statx_args else STAT_SIZE, statx_args)
+        identity = session.cow.fd_identity(fd)
+    finally:
+        os.close(fd)
+    if identity is not None:
+        raw = with_identity(raw, identity, statx_args is not None)
+    write_child(req, session, req.args[buf_arg], raw)
+    return 0
+
+
 def _stat_common(req, session, dirfd, path_arg, buf_arg, at_flags, statx_args=None):
     path = req.read_path(path_arg)
     if not path and at_flags & AT_EMPTY_PATH:
-        return CONTINUE  # fstat of an fd: the kernel answers for the inode it holds
+        return _fd_stat(req, session, dirfd, buf_arg, at_flags, statx_args)
     rel = rel_of(session, req, dirfd, path)
     if rel is None:
         return CONTINUE
@@ -51,6 +70,10 @@ def stat_(req, session):
 
 def lstat(req, session):
     return _stat_common(req, session, AT_FDCWD, 0, 1, AT_SYMLINK_NOFOLLOW)
+
+
+def fstat(req, session):
+    return _fd_stat(req, session, req.arg_int(0), 1, AT_EMPTY_PATH)
 
 
 def newfstatat(req, session):
@@ -186,7 +209,7 @@ def getcwd(req, session):
 
 
 HANDLERS = {
-    "stat": stat_, "lstat": lstat, "newfstatat": newfstatat, "statx": statx,
+    "stat": stat_, "lstat": lstat, "fstat": fstat, "newfstatat": newfstatat, "statx": statx,
     "access": access, "faccessat": faccessat, "faccessat2": faccessat2,
     "readlink": readlink, "readlinkat": readlinkat,
     "getxattr": _getxattr(True), "lgetxattr": _getxattr(False),

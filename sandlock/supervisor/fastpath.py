@@ -7,7 +7,9 @@ every TCP port (as connect.py would), and an on-behalf connect to a destination 
 allowed before for the same sandbox (`learn`). In a copy-on-write workspace whose layer has
 no change yet it lets the kernel do the calls that only look (stat, opens for reading, ...):
 the workspace is then the workdir itself, which Landlock keeps read-only; the flag is
-cleared before the layer's first change (CowLayer.on_first_change). Under max_processes it
+cleared before the layer's first change (CowLayer.on_first_change); after it, an fstat
+is continued unless its file carries the layer's identity xattr (a copied-up file, whose
+fstat must report the identity a stat by path reports: cow_reads._fd_stat). Under max_processes it
 continues the forks that fit in tokens the fork budget lent it (supervisor/forks.py: forks
 already counted as let through), and threads; a clone with flags the filter refuses goes
 to Python (its checks are replayed in C: keep them in step with
@@ -41,7 +43,7 @@ import threading
 
 from .. import libexec
 
-VERSION = 5  # sl_fast_version() of the fastconnect.c this module speaks to
+VERSION = 6  # sl_fast_version() of the fastconnect.c this module speaks to
 LIBRARY = libexec.path("libsandlock-fastconnect.so")
 CONTINUE_TCP = 1
 COW_PRISTINE = 2
@@ -178,6 +180,13 @@ def fast_path() -> FastPath | None:
         if os.environ.get("SANDLOCK_NO_FASTPATH") != "1":
             raw = libexec.load(LIBRARY, "sl_fast_version", VERSION,
                                "the supervisor does everything in Python")
+        if raw is not None:
+            # fastconnect.c continues an fstat unless the file carries this xattr: the two
+            # must name the same one, or copied files would report their own identity.
+            from ..cow.location import IDENTITY
+            raw.sl_fast_identity_xattr.restype = ctypes.c_char_p
+            if raw.sl_fast_identity_xattr() != IDENTITY.encode():
+                raise RuntimeError(f"{LIBRARY}: another identity xattr than {IDENTITY}")
         _loaded.append(FastPath(raw) if raw is not None else None)
     return _loaded[0]
 
