@@ -229,6 +229,12 @@ WORKFLOWS = {
                           "python3 -c \"import os; a = os.stat('f'); fd = os.open('f', "
                           "os.O_RDONLY); b = os.fstat(fd); print(a.st_ino == b.st_ino, "
                           "a.st_dev == b.st_dev)\" && cat g h i v && stat -c %Y v", ()),
+    # A venv's console scripts name the venv's python, itself in the layer: the script and
+    # its interpreter are both the layer's (and a script whose interpreter is a script).
+    "venv-console-script": ({}, "python3 -m venv v && v/bin/pip --version | cut -d' ' -f1 && "
+                                "printf '#!%s/v/bin/python\\nimport sys\\nprint(sys.prefix "
+                                "!= sys.base_prefix)\\n' \"$PWD\" > s && printf '#!%s/s\\n' "
+                                "\"$PWD\" > t && chmod +x s t && ./s && ./t", ("v",)),
     "fchmod-fchown-an-open-fd": ({"f": b"#!/bin/sh\necho fch\n"},
                                  "python3 -c \"import os; fd = os.open('f', os.O_RDONLY); "
                                  "os.fchmod(fd, 0o755); os.fchown(fd, os.getuid(), -1); "

@@ -522,13 +522,35 @@ def execve_check(req, session, dirfd, path_arg, argv_arg, at_flags):
     args = {_REGISTERS[path_arg]: os.fsencode(target)}
     script = _shebang(target)
     if script is not None:
-        # The kernel would run [interpreter, (argument), path, argv[1:]]: so do we, with
-        # the path as the sandbox spelled it (the interpreter opens it through the layer).
-        interp, extra = script
         argv = [os.fsencode(a) for a in read_argv(req, req.args[argv_arg])]
-        args = {_REGISTERS[path_arg]: interp,
-                _REGISTERS[argv_arg]: [interp, *extra, path, *argv[1:]]}
+        program, argv = _interpreted(session, req, path, script, argv)
+        args = {_REGISTERS[path_arg]: program, _REGISTERS[argv_arg]: argv}
     return Reissue(args, f"execute {os.fsdecode(path)} from the workspace")
+
+
+def _interpreted(session, req, path: bytes, script, argv: list[bytes]):
+    """(what to execute, its argv) for the script the sandbox spelled `path`, as
+    binfmt_script builds them: [interpreter, (argument), path, argv[1:]], the path as the
+    sandbox spelled it (the interpreter opens it through the layer). An interpreter spelled
+    inside the workdir is resolved here too, through the layer (a venv's bin/pip names the
+    venv's python), and so is one that is a script in turn: the call is re-issued once,
+    naming the real object, never twice (a second re-issue would write over the first's
+    argv). argv[0] stays the interpreter as written (a venv's python finds its pyvenv.cfg
+    by it)."""
+    from .execve import MAX_INTERPRETERS
+    for _ in range(MAX_INTERPRETERS):
+        interp, extra = script
+        argv = [interp, *extra, path, *argv[1:]]
+        same, target = _object(session, req, AT_FDCWD, interp, True)
+        if same or target is None:
+            return interp, argv  # the kernel reaches it as spelled (and runs what follows)
+        if os.path.isdir(target):
+            raise OSError(errno.EACCES, "Permission denied")
+        script = _shebang(target)
+        if script is None:
+            return os.fsencode(target), argv
+        path = interp
+    raise OSError(errno.ELOOP, "Too many levels of symbolic links")
 
 
 def chdir(req, session):
