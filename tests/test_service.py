@@ -506,3 +506,31 @@ def test_without_xdg_runtime_dir_the_service_lives_in_tmp(env):
     finally:
         subprocess.run(IN_PROCESS + ["service", "stop"], env=e, capture_output=True,
                        timeout=30)
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
+def test_the_spare_a_call_used_is_replaced_when_it_ends_not_during_the_next(env):
+    """A spare warms itself with a sandbox run, which takes a CPU: the service replaces the
+    one a call used as soon as that call ends, so that the next call (an agent's next
+    command) finds two warm spares and nothing warming beside it. Before, the end was seen
+    only at the next call or after up to a second."""
+    _wait_served(env)
+    service = _service_pid(env)
+
+    def live_children():
+        return [p for p in _pids() if _ppid(p) == service and _state(p) not in "ZX"]
+    assert _wait_for(lambda: len(live_children()) == 2)
+    before = set(live_children())
+    r = client(env, "run", "--", "/bin/true", debug=True)
+    assert r.returncode == 0 and "service: accepted" in r.stderr
+    ended = time.monotonic()
+    assert _wait_for(lambda: len(live_children()) == 2 and set(live_children()) != before,
+                     timeout=5.0)
+    assert time.monotonic() - ended < 0.25  # woken by the child's end, not a timer

@@ -458,6 +458,10 @@ def serve(idle: float = IDLE) -> int:
     listener.setblocking(False)
     idle_children: set[int] = set()
     busy: set[int] = set()
+    # A pidfd per child, readable once it has exited: the end of a call wakes this loop at
+    # once, and the spare it used is replaced then, between calls, rather than during the
+    # next one (a spare warms itself with a sandbox run, which takes a CPU).
+    exits: dict[int, int] = {}
     last = time.monotonic()
     checked = warmed = last
 
@@ -467,6 +471,8 @@ def serve(idle: float = IDLE) -> int:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+                for fd in exits:
+                    os.close(fd)
                 os.close(took_r)
                 os.close(quit_w)
                 os.close(lock)
@@ -487,6 +493,10 @@ def serve(idle: float = IDLE) -> int:
             finally:
                 os._exit(0)
         idle_children.add(pid)
+        try:
+            exits[os.pidfd_open(pid)] = pid
+        except OSError:
+            pass  # no pidfd (fds exhausted): this child's end is seen at the next wakeup
 
     why = "stopped"
     try:
@@ -497,10 +507,14 @@ def serve(idle: float = IDLE) -> int:
             while len(idle_children) < (1 if busy else SPARE) and len(busy) < MAX_BUSY:
                 spawn()
             try:
-                ready, _, _ = select.select([took_r], [], [], 1.0)
+                ready, _, _ = select.select([took_r, *exits], [], [], 1.0)
             except InterruptedError:
                 ready = []
-            if ready:
+            for fd in ready:
+                if fd in exits:
+                    del exits[fd]
+                    os.close(fd)  # reaped below
+            if took_r in ready:
                 data = os.read(took_r, 4096)
                 for (pid,) in struct.iter_unpack("i", data[:len(data) // 4 * 4]):
                     idle_children.discard(pid)
