@@ -235,6 +235,13 @@ WORKFLOWS = {
                                 "printf '#!%s/v/bin/python\\nimport sys\\nprint(sys.prefix "
                                 "!= sys.base_prefix)\\n' \"$PWD\" > s && printf '#!%s/s\\n' "
                                 "\"$PWD\" > t && chmod +x s t && ./s && ./t", ("v",)),
+    # chmod/utimes on a directory of the workdir, by path and through an fd, show (and are
+    # committed) before anything in it changes.
+    "chmod-touch-a-directory": ({"d/x": b"1", "e/y": b"2"},
+                                "chmod 700 d && touch -d '2000-01-01 00:00:00' d && "
+                                "stat -c '%a %Y' d && python3 -c \"import os; fd = os.open("
+                                "'e', os.O_RDONLY); os.fchmod(fd, 0o711)\" && stat -c %a e && "
+                                "touch d/z && stat -c %a d", ()),
     "fchmod-fchown-an-open-fd": ({"f": b"#!/bin/sh\necho fch\n"},
                                  "python3 -c \"import os; fd = os.open('f', os.O_RDONLY); "
                                  "os.fchmod(fd, 0o755); os.fchown(fd, os.getuid(), -1); "

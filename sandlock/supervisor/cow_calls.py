@@ -406,7 +406,9 @@ def metadata_target(req, session, dirfd: int, path: bytes, follow: bool) -> int 
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         if loc.kind != OUTSIDE:
-            loc = session.cow.copy_up(loc)
+            # A directory is materialized first: a pending one stands for the workdir's,
+            # whose mode and times a stat reports, and the change would not show.
+            loc = session.cow.copy_up(session.cow.concrete(loc, itself=True))
         return session.cow.open_real(loc.real, os.O_PATH | os.O_NOFOLLOW)
 
 
@@ -441,7 +443,7 @@ def fd_metadata_target(session, fd: int) -> int | None:
             now = os.lstat(loc.real)
             if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                 return None
-            loc = layer.copy_up(loc)
+            loc = layer.copy_up(layer.concrete(loc, itself=True))  # as metadata_target
         return layer.open_real(loc.real, os.O_PATH | os.O_NOFOLLOW)
 
 
