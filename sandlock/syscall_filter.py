@@ -185,7 +185,7 @@ COW_SYSCALLS = (
     "getxattr", "lgetxattr", "listxattr", "llistxattr", "getcwd", "chdir",
     "mkdir", "mkdirat", "mknod", "mknodat", "symlink", "symlinkat",
     "unlink", "unlinkat", "rmdir", "rename", "renameat", "renameat2",
-    "link", "linkat", "truncate", "execve", "execveat",
+    "link", "linkat", "truncate", "execve", "execveat", "getdents64", "getdents",
 )
 
 

@@ -365,6 +365,35 @@ def test_chdir_into_existing_directories_works(tree, tmp_path):
     assert r.stdout.decode() == f"todo\n{work}/notes\n"
 
 
+LISTINGS = """\
+import os
+fd = os.open("notes", os.O_RDONLY)  # before any change: the kernel's, on the workdir's
+open("notes/new.txt", "w").close()
+print(sorted(os.listdir(fd)))
+os.rename("notes", "moved")  # the fd follows the directory, as on a real filesystem
+open("moved/late.txt", "w").close()
+print(sorted(os.listdir(fd)))
+it = os.scandir(fd)
+first = next(it).name
+open("moved/later.txt", "w").close()  # a listing under way goes on with what it had
+print(first in os.listdir("moved"), len(list(it)))
+"""
+
+
+def test_a_directory_fd_opened_before_a_change_lists_the_change(tree, tmp_path):
+    """getdents on a directory fd the kernel opened while the directory was untouched:
+    read from the start (opened, or rewound) after the directory changed, it lists the
+    layer's entries, wherever the directory was renamed; a listing under way is left as
+    it began."""
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        [PY, "-S", "-c", LISTINGS])
+    assert r.success, r.stderr
+    assert r.stdout.decode().splitlines() == [
+        "['new.txt', 'todo.txt']", "['late.txt', 'new.txt', 'todo.txt']", "True 2"]
+    assert sorted(os.listdir(work / "notes")) == ["todo.txt"]  # aborted
+
+
 # --- outcomes and limits -----------------------------------------------------------------------
 
 def test_max_disk_stops_writes_and_discards_an_oversized_commit(tree, tmp_path):

@@ -354,6 +354,32 @@ def test_after_a_change_fstat_stays_in_the_kernel_but_on_copied_files(tmp_path):
     assert os.stat(work / "copied.txt").st_ino == ino  # aborted: the copy was the layer's
 
 
+LISTS = """\
+import os
+open("fresh.txt", "w").close()  # the layer's first change
+for _ in range(100):
+    os.listdir("/usr")  # not the workdir: the kernel's, from C
+it = os.scandir(".")  # the workdir: Python's, from the start (the layer's directory)
+print(sorted(e.name for e in it))
+"""
+
+
+def test_after_a_change_listings_stay_in_the_kernel_but_the_workdir_s(tmp_path):
+    """After the first change, a listing is continued in C unless it starts at the
+    beginning of a directory fd on the workdir (cow_reads.getdents): Python's, and it
+    shows the change."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("old")
+    tmp_path.chmod(0o755)
+    sb = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"), cwd=str(work),
+                 fs_readable=["/usr"], on_exit="abort", workspace_backend="seccomp")
+    before = stats()["cow_continued"]
+    r = sb.run([PY, "-S", "-c", LISTS], timeout=60)
+    assert r.success and r.stdout == b"['data.txt', 'fresh.txt']\n", r
+    assert stats()["cow_continued"] - before >= 200  # two getdents per listing
+
+
 def test_a_library_from_another_version_is_not_used(tmp_path):
     """A stale build (a pull without `make helper`) is refused with a warning, and the
     supervisor does everything in Python: sandboxes still run."""

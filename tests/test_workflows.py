@@ -242,6 +242,14 @@ WORKFLOWS = {
                                 "stat -c '%a %Y' d && python3 -c \"import os; fd = os.open("
                                 "'e', os.O_RDONLY); os.fchmod(fd, 0o711)\" && stat -c %a e && "
                                 "touch d/z && stat -c %a d", ()),
+    # A directory fd opened before anything changed lists what is there now once read
+    # from the start (opened, or rewound), as on a real filesystem.
+    "list-an-fd-opened-before-a-change": (
+        {"d/a": b"1", "d/b": b"2"},
+        "python3 -c \"import os; fd = os.open('d', os.O_RDONLY); top = os.open('.', "
+        "os.O_RDONLY); open('d/new', 'w').close(); os.unlink('d/a'); os.mkdir('e'); "
+        "print(sorted(os.listdir(fd)), 'e' in os.listdir(top)); open('d/late', 'w')"
+        ".close(); print(sorted(os.listdir(fd)))\"", ()),
     "fchmod-fchown-an-open-fd": ({"f": b"#!/bin/sh\necho fch\n"},
                                  "python3 -c \"import os; fd = os.open('f', os.O_RDONLY); "
                                  "os.fchmod(fd, 0o755); os.fchown(fd, os.getuid(), -1); "

@@ -24,6 +24,7 @@ IOCTL_NOTIF_ID_VALID = 0x40082102
 IOCTL_NOTIF_ADDFD = 0x40182103  # _IOW('!', 3, struct seccomp_notif_addfd)
 IOCTL_NOTIF_SET_FLAGS = 0x40082104  # _IOW('!', 4, __u64), Linux 6.6
 USER_NOTIF_FD_SYNC_WAKE_UP = 1
+ADDFD_FLAG_SETFD = 1  # install at the given fd number (dup2)
 ADDFD_FLAG_SEND = 2  # install the fd and answer the notification with its number, atomically
 
 
@@ -100,7 +101,19 @@ def notif_addfd_send(listener: int, notif_id: int, srcfd: int, cloexec: bool) ->
     """Install a copy of our `srcfd` in the notifying process and answer the call with its
     number (SECCOMP_ADDFD_FLAG_SEND: one step, so the child never sees an fd it was not
     answered with). False when the target is gone."""
-    req = NotifAddfd(notif_id, ADDFD_FLAG_SEND, srcfd, 0, os.O_CLOEXEC if cloexec else 0)
+    return _addfd(listener, notif_id, ADDFD_FLAG_SEND, srcfd, 0, cloexec)
+
+
+def notif_addfd_at(listener: int, notif_id: int, srcfd: int, newfd: int, cloexec: bool) -> bool:
+    """Install a copy of our `srcfd` as the notifying process's fd `newfd`, in place of
+    whatever it held (SECCOMP_ADDFD_FLAG_SETFD, as dup2); the call is still to be answered.
+    False when the target is gone."""
+    return _addfd(listener, notif_id, ADDFD_FLAG_SETFD, srcfd, newfd, cloexec)
+
+
+def _addfd(listener: int, notif_id: int, flags: int, srcfd: int, newfd: int,
+           cloexec: bool) -> bool:
+    req = NotifAddfd(notif_id, flags, srcfd, newfd, os.O_CLOEXEC if cloexec else 0)
     try:
         _ioctl_checked(listener, IOCTL_NOTIF_ADDFD, ctypes.byref(req))
         return True

@@ -46,6 +46,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/audit.h>
 #include <linux/capability.h>
 #include <linux/seccomp.h>
@@ -103,6 +104,7 @@ struct entry {
     int n_forked;            /* forked[]'s entries */
     struct { int32_t tid; int64_t at_ns; } forked[FORK_RING];
     struct dest cache[CACHE_SLOTS];
+    char cow_lower[PATH_MAX]; /* the workspace's workdir ("" if none): sl_fast_cow_lower */
 };
 
 struct job {
@@ -149,7 +151,7 @@ static void unref(struct entry *e) {  /* with lock held */
 
 /* The interface version fastpath.py expects (a stale build is not used). */
 int sl_fast_version(void) {
-    return 6;
+    return 7;
 }
 
 /* Called by each new Supervisor before its thread starts, so with no other caller. In a
@@ -234,6 +236,19 @@ int sl_fast_enable(int listener, unsigned flags) {
     table[listener] = e;
     pthread_mutex_unlock(&lock);
     return 0;
+}
+
+/* The workdir of the listener's copy-on-write workspace (canonical): after the layer's
+ * first change, a listing from the start of a directory fd under it goes to Python. */
+int sl_fast_cow_lower(int listener, const char *path) {
+    if (listener < 0 || listener >= MAX_LISTENER_FD || strlen(path) >= PATH_MAX)
+        return -EINVAL;
+    pthread_mutex_lock(&lock);
+    struct entry *e = table[listener];
+    if (e != NULL)
+        memcpy(e->cow_lower, path, strlen(path) + 1);
+    pthread_mutex_unlock(&lock);
+    return e != NULL ? 0 : -ENOENT;
 }
 
 /* Called before the listener is closed: its number may be reused at once. */
@@ -567,6 +582,10 @@ static int cow_read_only(const struct seccomp_notif *n) {
     case SYS_newfstatat: case SYS_statx: case SYS_faccessat: case SYS_faccessat2:
     case SYS_readlinkat: case SYS_getxattr: case SYS_lgetxattr: case SYS_listxattr:
     case SYS_llistxattr: case SYS_getcwd: case SYS_chdir: case SYS_execve: case SYS_execveat:
+    case SYS_getdents64:
+#ifdef SYS_getdents
+    case SYS_getdents:
+#endif
         return 1;
 #ifdef SYS_open
     case SYS_open:
@@ -616,6 +635,67 @@ static int fd_stat_form(const struct seccomp_notif *n) {
     return (int)n->data.args[0];
 }
 
+/* Our duplicate of the caller's fd `child_fd` (pidfd_getfd, the pidfd checked against the
+ * notification so the process is the caller), or -1. */
+static int dup_child_fd(int listener, const struct seccomp_notif *n, int child_fd) {
+    int pidfd = (int)syscall(SYS_pidfd_open, n->pid, 0);
+    if (pidfd < 0 && (errno == EINVAL || errno == ENOENT)) {
+        pid_t tgid = tgid_of(n->pid);
+        if (tgid > 0)
+            pidfd = (int)syscall(SYS_pidfd_open, tgid, 0);
+    }
+    if (pidfd < 0)
+        return -1;
+    if (!id_valid(listener, n->id)) {
+        close(pidfd);
+        return -1;
+    }
+    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, child_fd, 0);
+    close(pidfd);
+    return fd;
+}
+
+/* A listing after the layer's first change (getdents): CONTINUE (1) unless it starts at
+ * the beginning of a directory fd on the workdir, which Python may replace by one on the
+ * layer's directory (cow_reads.getdents); 0: Python's. A listing under way, or of any
+ * other directory (the layer's own fds are current), is the kernel's. */
+static int cow_getdents(int listener, const struct seccomp_notif *n, const char *lower) {
+    if (n->data.nr != SYS_getdents64
+#ifdef SYS_getdents
+        && n->data.nr != SYS_getdents
+#endif
+        )
+        return 0;
+    int child_fd = (int)n->data.args[0];
+    char file[32], info[512];
+    snprintf(file, sizeof file, "fdinfo/%d", child_fd);
+    if (lower[0] == 0 || child_fd < 0 || read_proc(n->pid, file, info, sizeof info) != 0)
+        return 0;
+    const char *pos = strstr(info, "pos:");
+    if (pos == NULL)
+        return 0;
+    if (strtoll(pos + 4, NULL, 10) == 0) {
+        int fd = dup_child_fd(listener, n, child_fd);
+        if (fd < 0)
+            return 0;
+        char self[32], target[PATH_MAX];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+        ssize_t len = readlink(self, target, sizeof target - 1);
+        close(fd);
+        if (len < 0)
+            return 0;
+        target[len] = 0;
+        size_t ll = strlen(lower);
+        if (strncmp(target, lower, ll) == 0 && (target[ll] == 0 || target[ll] == '/'))
+            return 0;  /* a workdir directory from the start: Python's */
+    }
+    respond(listener, n->id, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);  /* ENOENT: died */
+    pthread_mutex_lock(&lock);
+    stat_cow++;
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+
 /* An fstat after the layer's first change: CONTINUE (1) unless the file behind the fd
  * carries the layer's identity xattr (a copied-up file: Python reports its identity) or
  * cannot be checked (0: Python's). The kernel re-reads the fd number when it continues:
@@ -625,20 +705,7 @@ static int cow_fd_stat(int listener, const struct seccomp_notif *n) {
     int child_fd = fd_stat_form(n);
     if (child_fd < 0)
         return 0;
-    int pidfd = (int)syscall(SYS_pidfd_open, n->pid, 0);
-    if (pidfd < 0 && (errno == EINVAL || errno == ENOENT)) {
-        pid_t tgid = tgid_of(n->pid);
-        if (tgid > 0)
-            pidfd = (int)syscall(SYS_pidfd_open, tgid, 0);
-    }
-    if (pidfd < 0)
-        return 0;
-    if (!id_valid(listener, n->id)) {
-        close(pidfd);
-        return 0;
-    }
-    int fd = (int)syscall(SYS_pidfd_getfd, pidfd, child_fd, 0);
-    close(pidfd);
+    int fd = dup_child_fd(listener, n, child_fd);
     if (fd < 0)
         return 0;  /* EBADF and the like: Python answers the same error */
     ssize_t r = fgetxattr(fd, IDENTITY_XATTR, NULL, 0);
@@ -699,14 +766,17 @@ static int fast(int listener, struct seccomp_notif *n, int caps_dropped) {
                                     ))
         return fast_fork(listener, n);
     if (n->data.arch == SL_ARCH && n->data.nr != SYS_connect && cow_read_only(n)) {
+        char lower[PATH_MAX];
         pthread_mutex_lock(&lock);
         struct entry *e = table[listener];
         int pristine = e != NULL && (e->flags & SL_COW_PRISTINE);
         if (pristine)
             stat_cow++;
+        if (e != NULL && !pristine)
+            memcpy(lower, e->cow_lower, strlen(e->cow_lower) + 1);
         pthread_mutex_unlock(&lock);
         if (!pristine)
-            return e != NULL && cow_fd_stat(listener, n);
+            return e != NULL && (cow_fd_stat(listener, n) || cow_getdents(listener, n, lower));
         respond(listener, n->id, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE);  /* ENOENT: died */
         return 1;
     }

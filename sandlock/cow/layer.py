@@ -288,7 +288,19 @@ class CowLayer:
             return loc.real == os.path.join(self.lower, rel)
         if loc.kind != UPPER or not os.path.isdir(loc.upper) or os.path.islink(loc.upper):
             return False
-        return _xattr(loc.upper, ORIGIN) == rel
+        return _xattr(loc.upper, ORIGIN) == (rel or ".")
+
+    def listing_dir(self, rel: str) -> str | None:
+        """The upper directory whose entries are what the sandbox sees now in the workdir's
+        directory `rel` (followed through renames), once the layer holds them; None while
+        the workdir's own listing is that view (untouched, or pending), and once the
+        directory was removed."""
+        with self.lock:
+            now = self.lower_dir_now(rel)
+            if not self._stands_for(now, rel):
+                return None
+            loc = self.resolve(now, follow_last=False)
+            return loc.upper if loc.kind == UPPER else None
 
     def _upper_dirs_by_origin(self) -> dict[str, str]:
         """Upper directory for each workdir directory that has one (its ORIGIN xattr).

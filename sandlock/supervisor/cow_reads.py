@@ -1,19 +1,22 @@
-"""Calls that only look at a path inside a copy-on-write workdir: stat, access, readlink,
-getxattr/listxattr, getcwd. The supervisor asks the kernel itself about the location the
-layer resolved and copies the answer into the child's buffer (the same bytes the kernel
-would have written there).
+"""Calls that only look inside a copy-on-write workdir: stat (by path and by fd), access,
+readlink, getxattr/listxattr, getcwd, and directory listings. The supervisor asks the
+kernel itself about the location the layer resolved and copies the answer into the
+child's buffer (the same bytes the kernel would have written there); a listing is left to
+the kernel, on the layer's directory.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
 from ..cow.location import MISSING, UPPER, XATTR_PREFIX
+from ..fs_rules import is_beneath
 from .cow_paths import (STAT_SIZE, STATX_SIZE, located, lookup_follows, raw_stat,
                         raw_stat_fd, rel_of, with_identity, write_child)
-from .network import CONTINUE
+from .network import CONTINUE, Replace
 
 AT_EACCESS = 0x200
 
@@ -208,11 +211,60 @@ def getcwd(req, session):
     return len(data)
 
 
+# --- directory listings ------------------------------------------------------------------------
+
+def _fdinfo(pid: int, fd: int) -> tuple[int, int] | None:
+    """(file position, open flags) of the caller's fd `fd`, or None."""
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["pos"]), int(fields["flags"], 8)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def getdents(req, session):
+    """A listing from the start (a new or rewound directory fd) of a workdir directory the
+    kernel opened itself (while the layer held no change, or an untouched directory since):
+    once the layer holds that directory's entries, the caller's fd is replaced by one on
+    the layer's directory (as dup2: the same number and close-on-exec flag) and the kernel
+    lists that one. A listing under way goes on with what it started with (whether entries
+    made since appear is unspecified by POSIX until a rewind). The fast path sends only
+    listings from the start of fds on the workdir's directories (fastconnect.c
+    cow_getdents)."""
+    layer = session.cow
+    target = req.arg_int(0)
+    info = _fdinfo(req.pid, target)
+    if info is None or info[0] != 0:
+        return CONTINUE
+    fd = req.dup_fd(target)
+    try:
+        st = os.fstat(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+    if not stat.S_ISDIR(st.st_mode) or not is_beneath(path, layer.lower):
+        return CONTINUE  # not a directory of the workdir (the layer's own are current)
+    rel = layer.relative(path)
+    with layer.lock:
+        try:
+            now = os.lstat(os.path.join(layer.lower, rel) if rel else layer.lower)
+        except OSError:
+            return CONTINUE
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return CONTINUE  # no longer the workdir's directory of that name
+        upper = layer.listing_dir(rel)
+        if upper is None:
+            return CONTINUE
+        new = layer.open_real(upper, os.O_RDONLY | os.O_DIRECTORY)
+    return Replace(new, target, bool(info[1] & os.O_CLOEXEC))
+
+
 HANDLERS = {
     "stat": stat_, "lstat": lstat, "fstat": fstat, "newfstatat": newfstatat, "statx": statx,
     "access": access, "faccessat": faccessat, "faccessat2": faccessat2,
     "readlink": readlink, "readlinkat": readlinkat,
     "getxattr": _getxattr(True), "lgetxattr": _getxattr(False),
     "listxattr": _listxattr(True), "llistxattr": _listxattr(False),
-    "getcwd": getcwd,
+    "getcwd": getcwd, "getdents64": getdents, "getdents": getdents,
 }

@@ -9,7 +9,9 @@ no change yet it lets the kernel do the calls that only look (stat, opens for re
 the workspace is then the workdir itself, which Landlock keeps read-only; the flag is
 cleared before the layer's first change (CowLayer.on_first_change); after it, an fstat
 is continued unless its file carries the layer's identity xattr (a copied-up file, whose
-fstat must report the identity a stat by path reports: cow_reads._fd_stat). Under max_processes it
+fstat must report the identity a stat by path reports: cow_reads._fd_stat), and so is a
+listing (getdents) unless it starts at the beginning of a directory fd on the workdir
+(which Python may point at the layer's directory: cow_reads.getdents). Under max_processes it
 continues the forks that fit in tokens the fork budget lent it (supervisor/forks.py: forks
 already counted as let through), and threads; a clone with flags the filter refuses goes
 to Python (its checks are replayed in C: keep them in step with
@@ -43,7 +45,7 @@ import threading
 
 from .. import libexec
 
-VERSION = 6  # sl_fast_version() of the fastconnect.c this module speaks to
+VERSION = 7  # sl_fast_version() of the fastconnect.c this module speaks to
 LIBRARY = libexec.path("libsandlock-fastconnect.so")
 CONTINUE_TCP = 1
 COW_PRISTINE = 2
@@ -65,6 +67,7 @@ class FastPath:
         lib.sl_fast_add.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.sl_fast_remove.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.sl_fast_clear.argtypes = [ctypes.c_int, ctypes.c_uint]
+        lib.sl_fast_cow_lower.argtypes = [ctypes.c_int, ctypes.c_char_p]
         lib.sl_fast_init.argtypes = []
         lib.sl_fast_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64 * 6)]
         lib.sl_fast_fork_lend.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -118,6 +121,13 @@ class FastPath:
         flags = (CONTINUE_TCP if continue_tcp else 0) | (COW_PRISTINE if cow_pristine else 0) \
             | (FORK_BUDGET if fork_budget else 0)
         return self._lib.sl_fast_enable(listener, flags) == 0
+
+    def cow_lower(self, listener: int, lower: str) -> None:
+        """The workdir of the listener's workspace: after its first change, listings from
+        the start of directory fds under it go to Python (cow_reads.getdents)."""
+        rc = self._lib.sl_fast_cow_lower(listener, os.fsencode(lower))
+        if rc < 0:
+            raise OSError(-rc, os.strerror(-rc))
 
     def fork_lend(self, listener: int, n: int) -> int:
         """Let C continue up to `n` (at most FORK_RING) process-creating forks; the number

@@ -34,7 +34,7 @@ from .._kernel import caps, interrupt, seccomp
 from . import connect, execve, lifecycle, metadata, names, opens, overlay_calls, send
 from .fastpath import COW_PRISTINE, eligible, fast_path
 from .freeze import Freeze, FreezeError
-from .network import CONTINUE, Defer, Frozen, Inject
+from .network import CONTINUE, Defer, Frozen, Inject, Replace
 from . import reissue
 from .reissue import Reissue
 from .request import Denied, Request, thread_group
@@ -293,6 +293,7 @@ class Supervisor:
             if session.fast and session.forks is not None:
                 session.forks.lend_to(fast, listener)
             if session.fast and session.cow is not None:
+                fast.cow_lower(listener, session.cow.lower)
                 session.cow.on_first_change = lambda: fast.clear(listener, COW_PRISTINE)
         with self._lock:
             self._sessions[listener] = session
@@ -672,6 +673,22 @@ class Supervisor:
                 finally:
                     os.close(result.fd)
             session.respond(req.id, send_fd, exempt)
+            return
+        if isinstance(result, Replace):
+            def replace_fd():
+                try:
+                    seccomp.notif_addfd_at(req.listener, req.id, result.fd, result.target,
+                                           result.cloexec)
+                    seccomp.notif_send(req.listener, req.id, 0, 0,
+                                       seccomp.USER_NOTIF_FLAG_CONTINUE)
+                except OSError as e:  # not replaced: the call fails, never goes on stale
+                    try:
+                        seccomp.notif_send(req.listener, req.id, 0, -(e.errno or errno.EPERM))
+                    except OSError:
+                        pass
+                finally:
+                    os.close(result.fd)
+            session.respond(req.id, replace_fd, exempt)
             return
         if result is CONTINUE:
             val, err, flags = 0, 0, seccomp.USER_NOTIF_FLAG_CONTINUE

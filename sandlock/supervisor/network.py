@@ -75,6 +75,17 @@ class Inject:
         self.cloexec = cloexec
 
 
+class Replace:
+    """Handler result: make our `fd` the caller's fd `target` (SECCOMP_ADDFD_FLAG_SETFD,
+    as dup2), then let the call continue in the kernel, on it; the supervisor closes its
+    copy. For calls whose only argument the kernel re-reads is that fd number."""
+
+    def __init__(self, fd: int, target: int, cloexec: bool):
+        self.fd = fd
+        self.target = target
+        self.cloexec = cloexec
+
+
 class Guard:
     """The fds an on-behalf call uses: our duplicate socket first, then any others, and the
     worker thread running it.
