@@ -534,3 +534,16 @@ def test_the_spare_a_call_used_is_replaced_when_it_ends_not_during_the_next(env)
     assert _wait_for(lambda: len(live_children()) == 2 and set(live_children()) != before,
                      timeout=5.0)
     assert time.monotonic() - ended < 0.25  # woken by the child's end, not a timer
+
+
+def test_service_stop_takes_effect_at_once(env):
+    """`service stop` ends the service as it answers, not at its next wakeup (up to a
+    second later, when a call arriving meanwhile was still served by it)."""
+    _wait_served(env)
+    service = _service_pid(env)
+    r = in_process(env, "service", "stop")
+    assert r.returncode == 0 and "stopped" in r.stdout
+    stopped = time.monotonic()
+    assert _wait_for(lambda: _state(service) in "ZX", timeout=5.0)
+    assert time.monotonic() - stopped < 0.3
+    assert not os.path.exists(_sock(env))

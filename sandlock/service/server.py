@@ -450,6 +450,11 @@ def serve(idle: float = IDLE) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    # A signal wakes the wait below (select() is retried after a handler that does not
+    # raise): `service stop` takes effect at once, not at the next timeout.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     took_r, took_w = os.pipe()
     # Spare children wait for a client or for this pipe's end: closed (by this process's
     # exit, however it happens), it tells every waiting child to go. Never a signal: one
@@ -471,7 +476,8 @@ def serve(idle: float = IDLE) -> int:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                for fd in exits:
+                signal.set_wakeup_fd(-1)
+                for fd in (wake_r, wake_w, *exits):
                     os.close(fd)
                 os.close(took_r)
                 os.close(quit_w)
@@ -507,9 +513,11 @@ def serve(idle: float = IDLE) -> int:
             while len(idle_children) < (1 if busy else SPARE) and len(busy) < MAX_BUSY:
                 spawn()
             try:
-                ready, _, _ = select.select([took_r, *exits], [], [], 1.0)
+                ready, _, _ = select.select([took_r, wake_r, *exits], [], [], 1.0)
             except InterruptedError:
                 ready = []
+            if wake_r in ready:
+                os.read(wake_r, 4096)  # the handler has run: `stop` is up to date
             for fd in ready:
                 if fd in exits:
                     del exits[fd]
