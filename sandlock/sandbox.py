@@ -395,7 +395,8 @@ class Sandbox:
             # the rest of it once the Process exists (below).
             runtime.on_limits = lambda memory=None, processes=None: _early_limits(
                 session, early, memory, processes)
-        workspace = _Workspace.start(policy, self.on_exit, self.on_error, session)
+        pwd = env.get("PWD") if env is os.environ else os.fsdecode(env.get(b"PWD", b""))
+        workspace = _Workspace.start(policy, self.on_exit, self.on_error, session, pwd)
         session.overlay = workspace is not None and workspace.overlay is not None
         session.own_mounts = session.overlay or conf.protect_fd >= 0
         ruleset_ready = None

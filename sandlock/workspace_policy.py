@@ -42,6 +42,7 @@ class Workspace:
     max_disk: int | None             # bytes the upper layer may hold
     backend: str = "seccomp"         # "overlay" or "seccomp"
     notice: str | None = None        # why "auto" did not take the overlay backend
+    spelled: str | None = None       # the workdir as the policy named it (absolute)
 
 
 _probed: dict[tuple, str | None] = {}
@@ -192,5 +193,6 @@ def parse_workspace(fields: dict, readable, writable, denied):
             readable += (wd,)
     if any(is_beneath(storage, g) for g in readable + writable) and storage not in denied:
         denied += (storage,)
-    return (Workspace(wd, storage, max_disk, backend, notice), readable, writable, denied,
-            write_excluded)
+    spelled = os.path.normpath(os.path.abspath(os.fsdecode(workdir)))
+    return (Workspace(wd, storage, max_disk, backend, notice, spelled), readable, writable,
+            denied, write_excluded)

@@ -28,7 +28,9 @@ class _Workspace:
         self.error: str | None = None
 
     @classmethod
-    def start(cls, policy: Policy, on_exit, on_error, session) -> "_Workspace | None":
+    def start(cls, policy: Policy, on_exit, on_error, session,
+              pwd: str | None = None) -> "_Workspace | None":
+        """`pwd`: the run's $PWD (the seccomp backend takes its spelling of the workdir)."""
         ws = policy.workspace
         if ws is None:
             return None
@@ -39,6 +41,7 @@ class _Workspace:
             raise SandlockError(f"fs_storage: cannot create the copy-on-write layer in "
                                 f"{ws.storage}: {e.strerror}") from None
         if ws.backend == "seccomp":  # the supervisor serves the workdir's path calls
+            layer.alias(ws.spelled, policy.cwd or os.getcwd(), pwd)
             session.cow = layer
             session.cow_max_disk = ws.max_disk
         return cls(layer, _action(on_exit, "on_exit"), _action(on_error, "on_error"),

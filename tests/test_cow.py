@@ -394,6 +394,26 @@ def test_a_directory_fd_opened_before_a_change_lists_the_change(tree, tmp_path):
     assert sorted(os.listdir(work / "notes")) == ["todo.txt"]  # aborted
 
 
+def test_a_workdir_spelled_through_a_symlink_is_the_workdir(tmp_path, backend):
+    """A workdir named through a symlink outside it (a home under a symlinked /home), and
+    a shell's logical $PWD: paths spelled that way reach the workspace, as on the real
+    filesystem; the real workdir is untouched until commit."""
+    real = tmp_path / "real" / "proj"
+    real.mkdir(parents=True)
+    (real / "f").write_text("1\n")
+    (tmp_path / "real").chmod(0o755)
+    os.symlink(tmp_path / "real", tmp_path / "lnk")
+    spelled = str(tmp_path / "lnk" / "proj")
+    script = ('echo new > a && cat "$PWD/a" && mkdir "$PWD/d" && cd "$PWD/d" && pwd && '
+              f'echo 2 >> {spelled}/f && cat {spelled}/f && ls {spelled}')
+    r = sandbox(workdir=spelled, cwd=spelled, fs_storage=str(tmp_path / "store"),
+                env={"PWD": spelled}, workspace_backend=backend,
+                on_exit=BranchAction.COMMIT).run(["sh", "-c", script])
+    assert r.success, r.stderr
+    assert r.stdout.decode() == f"new\n{spelled}/d\n1\n2\na\nd\nf\n"
+    assert (real / "f").read_text() == "1\n2\n" and (real / "a").read_text() == "new\n"
+
+
 # --- outcomes and limits -----------------------------------------------------------------------
 
 def test_max_disk_stops_writes_and_discards_an_oversized_commit(tree, tmp_path):

@@ -33,6 +33,7 @@ import stat
 import threading
 
 from .._kernel.fileops import fchmod_fd, open_no_symlinks
+from ..fs_rules import is_beneath
 
 from .location import (IDENTITY, LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PENDING,  # noqa: F401
                        UPPER, XATTR_PREFIX, Loc)
@@ -102,6 +103,8 @@ class CowLayer:
         self.lower = os.path.realpath(lower)
         self.root = root                      # the storage directory of this layer
         self.upper = os.path.join(root, "upper")
+        # Other spellings of the workdir, through symlinks outside it (workdir_aliases).
+        self.aliases: tuple[str, ...] = ()
         self.lock = threading.RLock()
         # What the upper directories' xattrs say, cached by inode: materialized ones, and
         # pending ones with their origin. Every pending directory is made here (create,
@@ -147,16 +150,37 @@ class CowLayer:
         """`path` (absolute, unresolved) relative to the workdir when it is spelled under
         the workdir or under the upper tree; None otherwise. Empty and '.' components are
         dropped first ('a//b/./c' is 'a/b/c' for the kernel too); '..' is left for
-        resolve(), and a trailing '/' is kept (it requires a directory)."""
+        resolve(), and a trailing '/' is kept (it requires a directory). A path spelled under
+        one of the workdir's aliases (the policy's spelling of it, a shell's logical $PWD:
+        symlinks outside the workdir that lead to it) is the workdir's too: the name only
+        ever maps to the sandbox's own view of the workdir, so a symlink re-pointed since
+        can make it see the workdir there, never reach anything else."""
         if "//" in path or "/./" in path or path.endswith("/."):
             trail = "/" if path.endswith(("/", "/.")) else ""
             path = "/" + "/".join(c for c in path.split("/") if c not in ("", ".")) + trail
-        for top in (self.lower, self.upper):
+        for top in (self.lower, self.upper, *self.aliases):
             if path == top:
                 return ""
             if path.startswith(top + "/"):
                 return path[len(top) + 1:]
         return None
+
+    def alias(self, spelled: str | None, cwd: str | None, pwd: str | None) -> None:
+        """Take the workdir's other spellings: `spelled` (as the policy named it, made
+        absolute) and the logical working directory `pwd` (a shell's $PWD) when it names
+        `cwd` through symlinks, `cwd` being the workdir or beneath it."""
+        found = [spelled] if spelled else []
+        if pwd and cwd and os.path.isabs(pwd):
+            logical, real = os.path.normpath(pwd), os.path.realpath(cwd)
+            if is_beneath(real, self.lower) and os.path.realpath(logical) == real:
+                tail = os.path.relpath(real, self.lower)
+                if tail == ".":
+                    found.append(logical)
+                elif logical.endswith("/" + tail):
+                    found.append(logical[:-len(tail) - 1])
+        self.aliases = tuple(dict.fromkeys(
+            a for a in found if os.path.isabs(a) and a != "/" and a != self.lower
+            and not is_beneath(a, self.lower) and not is_beneath(self.lower, a)))
 
     def to_sandbox_path(self, real: str) -> str:
         """An upper path as the sandbox should see it (its workdir spelling)."""
