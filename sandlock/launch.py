@@ -136,6 +136,15 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     if not os.access(HELPER, os.X_OK):
         raise SandboxError(f"the sandlock-exec helper is missing ({HELPER}); build it with "
                            f"'make helper' or reinstall sandlock")
+    if overlay is not None and cwd is None:
+        # The working directory a process inherits is the directory itself, not its path:
+        # the workdir's own, beneath the overlay mounted over it, where the program would
+        # neither see its changes nor be able to make any. The trampoline enters it again
+        # by path once the overlay is mounted.
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            pass  # a removed directory: inherited as it is
     # A workspace run has rules of its own (its layer; the trampoline adds one for an
     # overlay mount): a ruleset for it alone.
     if overlay is not None or run_rules:

@@ -414,6 +414,23 @@ def test_a_workdir_spelled_through_a_symlink_is_the_workdir(tmp_path, backend):
     assert (real / "f").read_text() == "1\n2\n" and (real / "a").read_text() == "new\n"
 
 
+def test_the_caller_s_working_directory_inside_the_workdir_is_the_workspace(
+        tree, tmp_path, backend, monkeypatch):
+    """No cwd given, the program starts in the caller's working directory: inside the
+    workdir, that is the workspace (`sandlock run --workdir .` from the project). The
+    overlay backend inherited the workdir's own directory beneath its mount before: new
+    files were written but never seen."""
+    work = _copy(tree, tmp_path / "work")
+    (work / "sub").mkdir()
+    monkeypatch.chdir(work / "sub")
+    r = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"),
+                workspace_backend=backend, on_exit=BranchAction.COMMIT).run(
+        ["sh", "-c", "echo y > m && cat m && ls && pwd"])
+    assert r.success, r.stderr
+    assert r.stdout.decode() == f"y\nm\n{work}/sub\n"
+    assert (work / "sub" / "m").read_text() == "y\n"
+
+
 # --- outcomes and limits -----------------------------------------------------------------------
 
 def test_max_disk_stops_writes_and_discards_an_oversized_commit(tree, tmp_path):
@@ -471,6 +488,18 @@ def test_a_workdir_inside_a_writable_grant_goes_to_the_layer(tmp_path, backend):
     r = same.run(["sh", "-c", "echo committed > f"])
     assert r.success and (parent / "w" / "f").read_text() == "committed\n"
     assert [c.path for c in r.changes] == ["f"]
+
+
+def test_cli_workdir_dot_from_the_project(tree, tmp_path, backend):
+    """`sandlock run --workdir . -- ...` from the project, as a user types it (no --cwd):
+    the program sees its own changes, and they are committed."""
+    work = _copy(tree, tmp_path / "work")
+    r = subprocess.run([sys.executable, "-m", "sandlock", "run", "--workdir", ".",
+                        "--fs-storage", str(tmp_path / "store"), "--workspace-backend",
+                        backend, "--", "sh", "-c", "echo x > n && cat n && ls n"],
+                       cwd=work, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "x\nn\n" and (work / "n").read_text() == "x\n"
 
 
 def test_cli_keep_then_workspace_diff_and_commit(tree, tmp_path):
