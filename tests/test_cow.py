@@ -3,6 +3,7 @@ over their workdir; the run's outcome commits, discards, keeps or defers the lay
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -380,6 +381,35 @@ print(first in os.listdir("moved"), len(list(it)))
 """
 
 
+FD_FORMS = """\
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+path_fd = os.open("notes", os.O_PATH | os.O_DIRECTORY)
+file_fd = os.open("notes/todo.txt", os.O_RDONLY)
+def statx_null():  # Linux 6.11: a NULL path with AT_EMPTY_PATH is the fd itself
+    buf = ctypes.create_string_buffer(256)
+    return libc.syscall(332, file_fd, None, 0x1000, 0x7ff, buf)
+before = statx_null()
+open("notes/new.txt", "w").close()  # a change, in that directory
+buf = ctypes.create_string_buffer(4096)
+n = libc.syscall(217, path_fd, buf, 4096)  # getdents64 on an O_PATH fd
+print(before, statx_null(), n, ctypes.get_errno())
+"""
+
+
+def test_fd_forms_keep_their_kernel_answers_after_a_change(tree, tmp_path):
+    """statx(fd, NULL, AT_EMPTY_PATH) (Linux 6.11) answers after the layer's first change
+    as before it (not EFAULT); a listing of an O_PATH directory fd fails with EBADF, as
+    in the kernel (it is never turned into a readable fd on the layer's directory)."""
+    if tuple(int(x) for x in os.uname().release.split(".")[:2]) < (6, 11):
+        pytest.skip("a NULL path with AT_EMPTY_PATH needs Linux 6.11")
+    work = _copy(tree, tmp_path / "work")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        [PY, "-S", "-c", FD_FORMS])
+    assert r.success, r.stderr
+    assert r.stdout.decode() == f"0 0 -1 {errno.EBADF}\n"
+
+
 def test_a_directory_fd_opened_before_a_change_lists_the_change(tree, tmp_path):
     """getdents on a directory fd the kernel opened while the directory was untouched:
     read from the start (opened, or rewound) after the directory changed, it lists the
@@ -429,6 +459,35 @@ def test_the_caller_s_working_directory_inside_the_workdir_is_the_workspace(
     assert r.success, r.stderr
     assert r.stdout.decode() == f"y\nm\n{work}/sub\n"
     assert (work / "sub" / "m").read_text() == "y\n"
+
+
+def test_exec_through_a_layer_symlink_never_reads_a_refused_script(tmp_path):
+    """A symlink made in the layer to a script outside the policy, executed directly or
+    named as another script's interpreter: the kernel refuses it (Landlock), and nothing
+    of it is read for the sandbox (the supervisor read its `#!` line with its own rights,
+    and ran that interpreter with the line's argument: the first line leaked). A script
+    the policy lets it read and execute runs the same way (positive control)."""
+    secret, public = tmp_path / "secret", tmp_path / "public"
+    secret.mkdir()
+    public.mkdir()
+    (secret / "s.sh").write_text("#!/bin/echo SECRET-LINE\n")
+    (public / "p.sh").write_text("#!/bin/echo public-line\n")
+    for f in (secret / "s.sh", public / "p.sh"):
+        f.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    tmp_path.chmod(0o755)
+    script = (f"ln -s {secret}/s.sh lnk && ln -s {public}/p.sh pub && "
+              f"printf '#!{work}/lnk\\n' > s2 && printf '#!{work}/pub\\n' > p2 && "
+              "chmod +x s2 p2; ./lnk; echo rc=$?; ./s2; echo rc=$?; ./pub; ./p2")
+    r = cow_box(work, tmp_path / "store", fs_readable=[HELPERS, str(public)],
+                on_exit=BranchAction.ABORT).run(["sh", "-c", script])
+    out = r.stdout.decode() + r.stderr.decode()
+    assert "SECRET" not in out
+    assert r.stdout.decode().splitlines()[:2] == ["rc=126", "rc=126"]
+    ran = r.stdout.decode().splitlines()[2:]  # (the script's path: where the link leads)
+    assert len(ran) == 2 and all(line.startswith("public-line ") for line in ran)
+    assert ran[1].endswith(" ./p2")
 
 
 # --- outcomes and limits -----------------------------------------------------------------------

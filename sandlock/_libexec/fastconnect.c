@@ -606,8 +606,8 @@ const char *sl_fast_identity_xattr(void) {
     return IDENTITY_XATTR;
 }
 
-/* The fd an fstat names: fstat(fd), or newfstatat/statx(fd, "", AT_EMPTY_PATH) (the path's
- * first byte copied out); -1 for any other form (a path: Python's). */
+/* The fd an fstat names: fstat(fd), or newfstatat/statx(fd, "" or NULL, AT_EMPTY_PATH)
+ * (the path's first byte copied out); -1 for any other form (a path: Python's). */
 static int fd_stat_form(const struct seccomp_notif *n) {
     uint64_t path, flags;
     switch (n->data.nr) {
@@ -628,6 +628,8 @@ static int fd_stat_form(const struct seccomp_notif *n) {
     }
     if (!(flags & AT_EMPTY_PATH) || (int)n->data.args[0] < 0)  /* AT_FDCWD: Python's */
         return -1;
+    if (path == 0)  /* Linux 6.11: a NULL path with AT_EMPTY_PATH is the fd itself */
+        return (int)n->data.args[0];
     char first = 1;
     struct iovec local = {&first, 1}, remote = {(void *)(uintptr_t)path, 1};
     if (syscall(SYS_process_vm_readv, n->pid, &local, 1, &remote, 1, 0) != 1 || first != 0)

@@ -489,6 +489,10 @@ def _object(session, req, dirfd, path: bytes, follow: bool) -> tuple[bool, str |
         return same, target
 
 
+def _in_upper(layer, path: str) -> bool:
+    return path.startswith(layer.upper + "/")
+
+
 def _shebang(path: str) -> tuple[bytes, list[bytes]] | None:
     """(interpreter, its optional argument) of a `#!` script, as binfmt_script reads them."""
     try:
@@ -522,7 +526,11 @@ def execve_check(req, session, dirfd, path_arg, argv_arg, at_flags):
     if os.path.isdir(target):
         raise OSError(errno.EACCES, "Permission denied")
     args = {_REGISTERS[path_arg]: os.fsencode(target)}
-    script = _shebang(target)
+    # Only the layer's own files are read here: anything else (outside the workdir, or the
+    # workdir's own) the kernel opens itself, as the sandbox, under Landlock, `#!` line
+    # included (read with the supervisor's rights, a file the policy refuses would leak
+    # its first line and have its interpreter run).
+    script = _shebang(target) if _in_upper(session.cow, target) else None
     if script is not None:
         argv = [os.fsencode(a) for a in read_argv(req, req.args[argv_arg])]
         program, argv = _interpreted(session, req, path, script, argv)
@@ -548,8 +556,8 @@ def _interpreted(session, req, path: bytes, script, argv: list[bytes]):
             return interp, argv  # the kernel reaches it as spelled (and runs what follows)
         if os.path.isdir(target):
             raise OSError(errno.EACCES, "Permission denied")
-        script = _shebang(target)
-        if script is None:
+        script = _shebang(target) if _in_upper(session.cow, target) else None
+        if script is None:  # a program, or a file the kernel reads itself (see above)
             return os.fsencode(target), argv
         path = interp
     raise OSError(errno.ELOOP, "Too many levels of symbolic links")

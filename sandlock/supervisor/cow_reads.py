@@ -51,6 +51,8 @@ def _fd_stat(req, session, dirfd, buf_arg, at_flags, statx_args=None):
 
 
 def _stat_common(req, session, dirfd, path_arg, buf_arg, at_flags, statx_args=None):
+    if not req.args[path_arg] and at_flags & AT_EMPTY_PATH:  # NULL: the fd (Linux 6.11)
+        return _fd_stat(req, session, dirfd, buf_arg, at_flags, statx_args)
     path = req.read_path(path_arg)
     if not path and at_flags & AT_EMPTY_PATH:
         return _fd_stat(req, session, dirfd, buf_arg, at_flags, statx_args)
@@ -227,16 +229,22 @@ def getdents(req, session):
     """A listing from the start (a new or rewound directory fd) of a workdir directory the
     kernel opened itself (while the layer held no change, or an untouched directory since):
     once the layer holds that directory's entries, the caller's fd is replaced by one on
-    the layer's directory (as dup2: the same number and close-on-exec flag) and the kernel
-    lists that one. A listing under way goes on with what it started with (whether entries
-    made since appear is unspecified by POSIX until a rewind). The fast path sends only
-    listings from the start of fds on the workdir's directories (fastconnect.c
-    cow_getdents)."""
+    the layer's directory (as dup2: the same number, close-on-exec and status flags) and
+    the kernel lists that one. A listing under way goes on with what it started with
+    (whether entries made since appear is unspecified by POSIX until a rewind). The fast
+    path sends only listings from the start of fds on the workdir's directories
+    (fastconnect.c cow_getdents).
+
+    The new fd is a new open file description: copies of the old one (dup, fork) keep
+    it, and a flock held through the old one only goes once none is left. The number is
+    replaced as dup2 would, whatever it holds then: another thread of the sandbox that
+    closed or reused it meanwhile finds the layer's directory there (the sandbox's own fd
+    table, and a directory it may open anyway)."""
     layer = session.cow
     target = req.arg_int(0)
     info = _fdinfo(req.pid, target)
-    if info is None or info[0] != 0:
-        return CONTINUE
+    if info is None or info[0] != 0 or info[1] & os.O_PATH:
+        return CONTINUE  # under way, or an O_PATH fd (EBADF from the kernel)
     fd = req.dup_fd(target)
     try:
         st = os.fstat(fd)
@@ -256,7 +264,8 @@ def getdents(req, session):
         upper = layer.listing_dir(rel)
         if upper is None:
             return CONTINUE
-        new = layer.open_real(upper, os.O_RDONLY | os.O_DIRECTORY)
+        new = layer.open_real(upper, os.O_RDONLY | os.O_DIRECTORY
+                              | info[1] & (os.O_NONBLOCK | os.O_NOATIME))
     return Replace(new, target, bool(info[1] & os.O_CLOEXEC))
 
 
