@@ -250,6 +250,11 @@ WORKFLOWS = {
         "os.O_RDONLY); open('d/new', 'w').close(); os.unlink('d/a'); os.mkdir('e'); "
         "print(sorted(os.listdir(fd)), 'e' in os.listdir(top)); open('d/late', 'w')"
         ".close(); print(sorted(os.listdir(fd)))\"", ()),
+    # The same from a working directory the sandbox entered in the layer (the kernel then
+    # reaches the script itself, but would look for its interpreter in the workdir).
+    "venv-console-script-after-cd": ({}, "mkdir d && cd d && cd .. && python3 -m venv v && "
+                                         "v/bin/pip --version | cut -d' ' -f1 && cd d && "
+                                         "../v/bin/pip --version | cut -d' ' -f1", ("v",)),
     "fchmod-fchown-an-open-fd": ({"f": b"#!/bin/sh\necho fch\n"},
                                  "python3 -c \"import os; fd = os.open('f', os.O_RDONLY); "
                                  "os.fchmod(fd, 0o755); os.fchown(fd, os.getuid(), -1); "

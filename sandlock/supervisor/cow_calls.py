@@ -521,21 +521,28 @@ def execve_check(req, session, dirfd, path_arg, argv_arg, at_flags):
     if not path and at_flags & AT_EMPTY_PATH:
         return None
     same, target = _object(session, req, dirfd, path, not at_flags & AT_SYMLINK_NOFOLLOW)
-    if same or target is None:
+    if target is None or (same and not _in_upper(session.cow, target)):
         return None
     if os.path.isdir(target):
+        if same:
+            return None  # the kernel's EACCES
         raise OSError(errno.EACCES, "Permission denied")
-    args = {_REGISTERS[path_arg]: os.fsencode(target)}
     # Only the layer's own files are read here: anything else (outside the workdir, or the
     # workdir's own) the kernel opens itself, as the sandbox, under Landlock, `#!` line
     # included (read with the supervisor's rights, a file the policy refuses would leak
     # its first line and have its interpreter run).
     script = _shebang(target) if _in_upper(session.cow, target) else None
-    if script is not None:
-        argv = [os.fsencode(a) for a in read_argv(req, req.args[argv_arg])]
-        program, argv = _interpreted(session, req, path, script, argv)
-        args = {_REGISTERS[path_arg]: program, _REGISTERS[argv_arg]: argv}
-    return Reissue(args, f"execute {os.fsdecode(path)} from the workspace")
+    if script is None:
+        return None if same else Reissue({_REGISTERS[path_arg]: os.fsencode(target)},
+                                         f"execute {os.fsdecode(path)} from the workspace")
+    # A script of the layer: even named directly (a working directory in the layer), its
+    # interpreter may be the layer's too, which the kernel would look for in the workdir.
+    argv = [os.fsencode(a) for a in read_argv(req, req.args[argv_arg])]
+    program, new_argv = _interpreted(session, req, path, script, argv)
+    if same and program == script[0]:
+        return None  # the interpreter is reached as spelled: the kernel does it all
+    return Reissue({_REGISTERS[path_arg]: program, _REGISTERS[argv_arg]: new_argv},
+                   f"execute {os.fsdecode(path)} from the workspace")
 
 
 def _interpreted(session, req, path: bytes, script, argv: list[bytes]):
