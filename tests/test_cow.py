@@ -490,6 +490,23 @@ def test_exec_through_a_layer_symlink_never_reads_a_refused_script(tmp_path):
     assert ran[1].endswith(" ./p2")
 
 
+def test_a_workdir_program_runs_after_its_directory_is_renamed(tmp_path):
+    """A program of the workdir, its directory renamed in the layer, run by its new name
+    and as a script's interpreter (the re-issued exec named the workdir's path, looked up
+    again in the sandbox's view where it no longer was: ENOENT)."""
+    work = tmp_path / "work"
+    (work / "tools").mkdir(parents=True)
+    shutil.copy("/bin/echo", work / "tools" / "say")
+    tmp_path.chmod(0o755)
+    script = (f"mv tools tools2 && ./tools2/say direct && "
+              f"printf '#!{work}/tools2/say via\\n' > s && chmod +x s && ./s")
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", script])
+    assert r.success, r.stderr
+    assert r.stdout.decode() == "direct\nvia ./s\n"
+    assert os.path.exists(work / "tools" / "say")  # aborted
+
+
 # --- outcomes and limits -----------------------------------------------------------------------
 
 def test_max_disk_stops_writes_and_discards_an_oversized_commit(tree, tmp_path):

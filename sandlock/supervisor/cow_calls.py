@@ -29,6 +29,7 @@ import stat
 from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fchmod_fd,
                                open_no_symlinks, renameat2)
 from ..cow.location import LOWER, MISSING, OUTSIDE, UPPER, Loc
+from ..fs_rules import is_beneath
 from . import cow_reads
 from .cow_paths import (located, lookup_follows, quota, rel_of, runtime_path_check, spelled,
                         umask_of)
@@ -493,6 +494,17 @@ def _in_upper(layer, path: str) -> bool:
     return path.startswith(layer.upper + "/")
 
 
+def _kernel_path(layer, target: str) -> bytes:
+    """How a re-issued exec names `target` so that its second pass continues: the layer's
+    files and outside ones by their real path; a file of the workdir itself (reached
+    through a directory renamed in the layer) through /proc/self/root, a spelling the
+    layer leaves to the kernel (its real path would be looked up again in the sandbox's
+    view, where that name no longer exists)."""
+    if is_beneath(target, layer.lower):
+        return os.fsencode("/proc/self/root" + target)
+    return os.fsencode(target)
+
+
 def _shebang(path: str) -> tuple[bytes, list[bytes]] | None:
     """(interpreter, its optional argument) of a `#!` script, as binfmt_script reads them."""
     try:
@@ -533,7 +545,8 @@ def execve_check(req, session, dirfd, path_arg, argv_arg, at_flags):
     # its first line and have its interpreter run).
     script = _shebang(target) if _in_upper(session.cow, target) else None
     if script is None:
-        return None if same else Reissue({_REGISTERS[path_arg]: os.fsencode(target)},
+        return None if same else Reissue({_REGISTERS[path_arg]: _kernel_path(session.cow,
+                                                                             target)},
                                          f"execute {os.fsdecode(path)} from the workspace")
     # A script of the layer: even named directly (a working directory in the layer), its
     # interpreter may be the layer's too, which the kernel would look for in the workdir.
@@ -565,7 +578,7 @@ def _interpreted(session, req, path: bytes, script, argv: list[bytes]):
             raise OSError(errno.EACCES, "Permission denied")
         script = _shebang(target) if _in_upper(session.cow, target) else None
         if script is None:  # a program, or a file the kernel reads itself (see above)
-            return os.fsencode(target), argv
+            return _kernel_path(session.cow, target), argv
         path = interp
     raise OSError(errno.ELOOP, "Too many levels of symbolic links")
 
