@@ -41,7 +41,11 @@ class _Workspace:
             raise SandlockError(f"fs_storage: cannot create the copy-on-write layer in "
                                 f"{ws.storage}: {e.strerror}") from None
         if ws.backend == "seccomp":  # the supervisor serves the workdir's path calls
-            layer.alias(ws.spelled, policy.cwd or os.getcwd(), pwd)
+            try:
+                cwd = policy.cwd or os.getcwd()
+            except OSError:
+                cwd = None  # started in a removed directory: no $PWD spelling
+            layer.alias(ws.spelled, cwd, pwd)
             session.cow = layer
             session.cow_max_disk = ws.max_disk
         return cls(layer, _action(on_exit, "on_exit"), _action(on_error, "on_error"),

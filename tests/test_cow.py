@@ -507,6 +507,107 @@ def test_a_workdir_program_runs_after_its_directory_is_renamed(tmp_path):
     assert os.path.exists(work / "tools" / "say")  # aborted
 
 
+NOFOLLOW_EXEC = """\
+import ctypes, os, sys
+os.symlink(sys.argv[1], "link")
+libc = ctypes.CDLL(None, use_errno=True)
+argv = (ctypes.c_char_p * 2)(b"link", None)
+envp = (ctypes.c_char_p * 1)(None)
+r = libc.syscall(322, -100, b"link", argv, envp, 0x100)  # execveat, AT_SYMLINK_NOFOLLOW
+print(r, ctypes.get_errno())
+"""
+
+
+def test_exec_nofollow_of_a_layer_symlink_never_reads_where_it_leads(tmp_path):
+    """execveat(AT_SYMLINK_NOFOLLOW) of a symlink made in the layer to a refused script:
+    ELOOP, as the kernel answers; the supervisor never opens the link's target (it read
+    its `#!` line with its own rights and ran that interpreter: the line leaked)."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "s.sh").write_text("#!/bin/echo SECRET-LINE\n")
+    (secret / "s.sh").chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    tmp_path.chmod(0o755)
+    r = cow_box(work, tmp_path / "store", on_exit=BranchAction.ABORT).run(
+        [PY, "-S", "-c", NOFOLLOW_EXEC, str(secret / "s.sh")])
+    assert b"SECRET" not in r.stdout + r.stderr
+    assert r.stdout.decode() == f"-1 {errno.ELOOP}\n"
+
+
+META_ELSEWHERE = """\
+import os, sys
+w = sys.argv[1]
+os.symlink(w, os.path.dirname(w) + "/other/L")  # a spelling the layer does not map
+for p in ("/proc/self/root" + w + "/f", os.path.dirname(w) + "/other/L/f", "f"):
+    for act in (lambda: os.chmod(p, 0o777), lambda: os.utime(p, (1, 1)),
+                lambda: os.setxattr(p, "user.pwned", b"1")):
+        try:
+            act()
+            print("ok", end=" ")
+        except OSError as e:
+            print(e.errno, end=" ")
+print()
+"""
+
+
+def test_metadata_of_the_real_workdir_is_never_changed_around_the_layer(tmp_path):
+    """A workdir inside a writable grant (kept read-only by Landlock through
+    write_excluded): chmod/utime/setxattr by a spelling the layer does not map
+    (/proc/self/root, a symlink made in the grant) are refused, never applied to the real
+    workdir (they were: its file became 0777 with mtime 1 and a planted xattr); by its
+    own name they change the layer's copy (positive control)."""
+    work = tmp_path / "grant" / "work"
+    work.mkdir(parents=True)
+    (tmp_path / "grant" / "other").mkdir()
+    (work / "f").write_text("orig\n")
+    (work / "f").chmod(0o644)
+    before = os.stat(work / "f")
+    tmp_path.chmod(0o755)
+    r = cow_box(work, tmp_path / "store", fs_writable=[str(tmp_path / "grant")],
+                on_exit=BranchAction.ABORT).run([PY, "-S", "-c", META_ELSEWHERE, str(work)])
+    assert r.success, r.stderr
+    eperm = str(errno.EPERM)
+    assert r.stdout.decode().split() == [eperm] * 6 + ["ok"] * 3
+    after = os.stat(work / "f")
+    assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)
+    assert os.listxattr(work / "f") == []
+
+
+def test_a_logical_pwd_through_a_symlink_half_way_never_aliases_another_directory(
+        tmp_path, monkeypatch):
+    """$PWD naming the working directory through a symlink half-way down (~/src -> the
+    project's src): no alias is taken from it (cutting its tail gave ~ itself, and every
+    path under $HOME then went to the workdir's layer); files written to $HOME land there."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    (work / "src" / "b").mkdir(parents=True)
+    home.mkdir()
+    os.symlink(work / "src", home / "src")
+    tmp_path.chmod(0o755)
+    monkeypatch.chdir(work / "src" / "b")
+    r = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"),
+                workspace_backend="seccomp", fs_writable=[str(home)],
+                env={"PWD": str(home / "src" / "b")}, on_exit=BranchAction.COMMIT).run(
+        ["sh", "-c", f"echo note > {home}/note && echo here > x"])
+    assert r.success, r.stderr
+    assert (home / "note").read_text() == "note\n" and not (work / "note").exists()
+    assert (work / "src" / "b" / "x").read_text() == "here\n"
+
+
+def test_a_run_started_in_a_removed_directory_runs(tree, tmp_path, monkeypatch, backend):
+    """The caller's working directory removed, no cwd given: the run goes on (the seccomp
+    backend's alias lookup raised FileNotFoundError after making the layer)."""
+    work = _copy(tree, tmp_path / "work")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    r = sandbox(workdir=str(work), fs_storage=str(tmp_path / "store"),
+                workspace_backend=backend, on_exit=BranchAction.ABORT).run(
+        ["sh", "-c", "echo x"])
+    assert r.success and r.stdout == b"x\n", r
+
+
 # --- outcomes and limits -----------------------------------------------------------------------
 
 def test_max_disk_stops_writes_and_discards_an_oversized_commit(tree, tmp_path):

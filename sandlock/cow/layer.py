@@ -158,9 +158,12 @@ class CowLayer:
         if "//" in path or "/./" in path or path.endswith("/."):
             trail = "/" if path.endswith(("/", "/.")) else ""
             path = "/" + "/".join(c for c in path.split("/") if c not in ("", ".")) + trail
-        for top in (self.lower, self.upper, *self.aliases):
+        for top in (self.lower, self.upper):
             if path == top:
                 return ""
+            if path.startswith(top + "/"):
+                return path[len(top) + 1:]
+        for top in self.aliases:  # the alias itself is the symlink's name (rm, readlink)
             if path.startswith(top + "/"):
                 return path[len(top) + 1:]
         return None
@@ -178,9 +181,13 @@ class CowLayer:
                     found.append(logical)
                 elif logical.endswith("/" + tail):
                     found.append(logical[:-len(tail) - 1])
+        # Only a spelling that leads to the workdir itself: a symlink half-way down a
+        # logical path, or a '..' after one, would otherwise make another directory (a
+        # home) stand for the workdir.
         self.aliases = tuple(dict.fromkeys(
             a for a in found if os.path.isabs(a) and a != "/" and a != self.lower
-            and not is_beneath(a, self.lower) and not is_beneath(self.lower, a)))
+            and not is_beneath(a, self.lower) and not is_beneath(self.lower, a)
+            and os.path.realpath(a) == self.lower))
 
     def to_sandbox_path(self, real: str) -> str:
         """An upper path as the sandbox should see it (its workdir spelling)."""

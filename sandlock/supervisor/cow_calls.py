@@ -506,12 +506,18 @@ def _kernel_path(layer, target: str) -> bytes:
 
 
 def _shebang(path: str) -> tuple[bytes, list[bytes]] | None:
-    """(interpreter, its optional argument) of a `#!` script, as binfmt_script reads them."""
+    """(interpreter, its optional argument) of a `#!` script of the layer, as binfmt_script
+    reads them; None for anything else. Opened with no symlink on the way, the last one
+    included: a symlink of the layer (exec with AT_SYMLINK_NOFOLLOW, or one swapped in) is
+    never followed out of the layer with the supervisor's rights."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = open_no_symlinks(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                              | os.O_NONBLOCK)
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         head = os.read(fd, 256)
     finally:
         os.close(fd)

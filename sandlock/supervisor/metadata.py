@@ -42,6 +42,12 @@ def _check(fd: int, session, pid: int = 0) -> None:
     if session.own_mounts and ws is not None and is_beneath(path, ws.workdir) and \
             _on_overlay(fd, ws.workdir, pid):
         return  # the overlay backend's view of the workdir: changes reach its layer
+    if ws is not None and is_beneath(path, ws.workdir) or any(
+            is_beneath(path, e) for e in policy.write_excluded):
+        # The real workdir, reached by a spelling the layer does not map (/proc/self/root,
+        # a symlink made elsewhere): a writable grant around it does not cover it.
+        raise Denied(errno.EPERM, f"{path} is in the copy-on-write workdir: it changes "
+                                  f"through its layer only")
     if any(is_beneath(path, d) for d in policy.fs_denied):
         raise Denied(errno.EPERM, f"{path} is in fs_denied")
     if not any(is_beneath(path, w) for w in policy.fs_writable):
