@@ -637,8 +637,10 @@ static int fd_stat_form(const struct seccomp_notif *n) {
     return (int)n->data.args[0];
 }
 
-/* Our duplicate of the caller's fd `child_fd` (pidfd_getfd, the pidfd checked against the
- * notification so the process is the caller), or -1. */
+/* Our duplicate of the caller's fd `child_fd`, or -1. fd tables belong to the thread
+ * group: a pidfd on the process, whose id is read for a thread that is not the leader.
+ * Checked with ID_VALID once opened: the caller was alive all along, so neither number
+ * can have been reused. */
 static int dup_child_fd(int listener, const struct seccomp_notif *n, int child_fd) {
     int pidfd = (int)syscall(SYS_pidfd_open, n->pid, 0);
     if (pidfd < 0 && (errno == EINVAL || errno == ENOENT)) {
@@ -804,23 +806,7 @@ static int fast(int listener, struct seccomp_notif *n, int caps_dropped) {
     uint32_t len = (uint32_t)n->data.args[2];
     if (child_fd < 0 || len < sizeof(struct sockaddr_in) || len > 128)
         return 0;
-    /* fd tables belong to the thread group: a pidfd on the process, whose id is read
-     * for a thread that is not the leader. Checked with ID_VALID once opened: the caller
-     * was alive all along, so neither number can have been reused. */
-    int pidfd = (int)syscall(SYS_pidfd_open, n->pid, 0);
-    if (pidfd < 0 && (errno == EINVAL || errno == ENOENT)) {
-        pid_t tgid = tgid_of(n->pid);
-        if (tgid > 0)
-            pidfd = (int)syscall(SYS_pidfd_open, tgid, 0);
-    }
-    if (pidfd < 0)
-        return 0;
-    if (!id_valid(listener, n->id)) {
-        close(pidfd);
-        return 0;
-    }
-    int sock = (int)syscall(SYS_pidfd_getfd, pidfd, child_fd, 0);
-    close(pidfd);
+    int sock = dup_child_fd(listener, n, child_fd);
     if (sock < 0)
         return 0;
     int domain = 0, type = 0;

@@ -661,34 +661,25 @@ class Supervisor:
 
     def _send(self, req, session, result, exempt: bool = False) -> None:
         req.close()
-        if isinstance(result, Inject):
+        if isinstance(result, (Inject, Replace)):
             def send_fd():
                 try:
-                    seccomp.notif_addfd_send(req.listener, req.id, result.fd, result.cloexec)
+                    if isinstance(result, Inject):
+                        seccomp.notif_addfd_send(req.listener, req.id, result.fd,
+                                                 result.cloexec)
+                    else:  # replaced (as dup2), then the call goes on in the kernel
+                        seccomp.notif_addfd_at(req.listener, req.id, result.fd,
+                                               result.target, result.cloexec)
+                        seccomp.notif_send(req.listener, req.id, 0, 0,
+                                           seccomp.USER_NOTIF_FLAG_CONTINUE)
                 except OSError as e:  # e.g. EMFILE in the child: the call fails with it
-                    try:
+                    try:               # (never goes on with the fd not replaced)
                         seccomp.notif_send(req.listener, req.id, 0, -(e.errno or errno.EPERM))
                     except OSError:
                         pass
                 finally:
                     os.close(result.fd)
             session.respond(req.id, send_fd, exempt)
-            return
-        if isinstance(result, Replace):
-            def replace_fd():
-                try:
-                    seccomp.notif_addfd_at(req.listener, req.id, result.fd, result.target,
-                                           result.cloexec)
-                    seccomp.notif_send(req.listener, req.id, 0, 0,
-                                       seccomp.USER_NOTIF_FLAG_CONTINUE)
-                except OSError as e:  # not replaced: the call fails, never goes on stale
-                    try:
-                        seccomp.notif_send(req.listener, req.id, 0, -(e.errno or errno.EPERM))
-                    except OSError:
-                        pass
-                finally:
-                    os.close(result.fd)
-            session.respond(req.id, replace_fd, exempt)
             return
         if result is CONTINUE:
             val, err, flags = 0, 0, seccomp.USER_NOTIF_FLAG_CONTINUE
