@@ -103,7 +103,7 @@ class CowLayer:
         self.lower = os.path.realpath(lower)
         self.root = root                      # the storage directory of this layer
         self.upper = os.path.join(root, "upper")
-        # Other spellings of the workdir, through symlinks outside it (workdir_aliases).
+        # Other spellings of the workdir, through symlinks outside it (alias()).
         self.aliases: tuple[str, ...] = ()
         self.lock = threading.RLock()
         # What the upper directories' xattrs say, cached by inode: materialized ones, and
