@@ -41,8 +41,8 @@ $(HELPER): sandlock/_libexec/sandlock-exec.c sandlock/_libexec/sandlock-init.c s
 $(FORKLOOP): sandlock/_libexec/forkloop.c
 	cc -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
 
-$(FASTCONNECT): sandlock/_libexec/fastconnect.c
-	cc -O2 -Wall -Wextra -Werror -shared -fPIC -pthread -o $@ $<
+$(FASTCONNECT): sandlock/_libexec/fastconnect.c sandlock/_libexec/fastcow.c sandlock/_libexec/fastpath.h
+	cc -O2 -Wall -Wextra -Werror -shared -fPIC -pthread -o $@ sandlock/_libexec/fastconnect.c sandlock/_libexec/fastcow.c
 
 demo: setup
 	$(BIN)/python examples/demo.py

@@ -18,10 +18,11 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 HELPERS = [  # (output, extra flags, sources)
     ("sandlock-exec", ["-static"], ["sandlock-exec.c", "sandlock-init.c"]),
     ("libsandlock-fork.so", ["-shared", "-fPIC"], ["forkloop.c"]),
-    ("libsandlock-fastconnect.so", ["-shared", "-fPIC", "-pthread"], ["fastconnect.c"]),
+    ("libsandlock-fastconnect.so", ["-shared", "-fPIC", "-pthread"],
+     ["fastconnect.c", "fastcow.c"]),
 ]
 SOURCES = ["sandlock-exec.c", "sandlock-init.c", "sandlock-init.h", "forkloop.c",
-           "fastconnect.c"]
+           "fastconnect.c", "fastcow.c", "fastpath.h"]
 
 
 class BuildWithHelper(build_py):

@@ -35,7 +35,7 @@ def _fd_stat(req, session, dirfd, buf_arg, at_flags, statx_args=None):
     """fstat of an fd (fstat, or an empty path with AT_EMPTY_PATH): the kernel's answer for
     the inode the fd holds, with the workdir identity of a copied-up file, as a stat by
     path reports it (cp and install compare the two: "replaced while being copied"). The
-    fast path sends only fds on such copies here (fastconnect.c cow_fd_stat)."""
+    fast path sends only fds on such copies here (fastcow.c cow_fd_stat)."""
     if dirfd == AT_FDCWD:
         return CONTINUE  # the working directory: the kernel's, as a stat of "." by path
     fd = req.dup_fd(dirfd)
@@ -233,7 +233,7 @@ def getdents(req, session):
     the kernel lists that one. A listing under way goes on with what it started with
     (whether entries made since appear is unspecified by POSIX until a rewind). The fast
     path sends only listings from the start of fds on the workdir's directories
-    (fastconnect.c cow_getdents).
+    (fastcow.c cow_getdents).
 
     The new fd is a new open file description: copies of the old one (dup, fork) keep
     it, and a flock held through the old one only goes once none is left. The number is

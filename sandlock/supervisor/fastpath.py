@@ -1,4 +1,5 @@
-"""The C fast path (sandlock/_libexec/fastconnect.c, built by `make helper`).
+"""The C fast path (sandlock/_libexec/fastconnect.c, with fastcow.c for workspaces; built
+by `make helper`).
 
 The supervisor thread waits for notifications inside the library, without the GIL. For a
 sandbox the loop enables, the library answers by itself the connects whose verdict is
@@ -191,7 +192,7 @@ def fast_path() -> FastPath | None:
             raw = libexec.load(LIBRARY, "sl_fast_version", VERSION,
                                "the supervisor does everything in Python")
         if raw is not None:
-            # fastconnect.c continues an fstat unless the file carries this xattr: the two
+            # fastcow.c continues an fstat unless the file carries this xattr: the two
             # must name the same one, or copied files would report their own identity.
             from ..cow.location import IDENTITY
             raw.sl_fast_identity_xattr.restype = ctypes.c_char_p
