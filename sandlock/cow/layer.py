@@ -39,6 +39,15 @@ from .location import (IDENTITY, LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PEN
                        UPPER, XATTR_PREFIX, Loc)
 
 
+def _identity(value: str | None) -> tuple[int, int] | None:
+    """An IDENTITY xattr's "dev:ino", or None (absent or malformed)."""
+    dev, _, ino = (value or "").partition(":")
+    try:
+        return int(dev), int(ino)
+    except ValueError:
+        return None
+
+
 def _xattr(path: str, name: str) -> str | None:
     try:
         try:
@@ -510,9 +519,8 @@ class CowLayer:
         clone checks the link against the source's earlier lstat), is the same file after.
         None for a file the layer made."""
         try:
-            dev, _, ino = (_xattr(real, IDENTITY) or "").partition(":")
-            return int(dev), int(ino)
-        except (OSError, ValueError):
+            return _identity(_xattr(real, IDENTITY))
+        except OSError:
             return None
 
     def fd_identity(self, fd: int) -> tuple[int, int] | None:
@@ -523,16 +531,9 @@ class CowLayer:
             self._upper_dev = os.stat(self.upper).st_dev
         if st.st_dev != self._upper_dev or not stat.S_ISREG(st.st_mode):
             return None
-        try:
-            try:
-                value = os.getxattr(fd, IDENTITY)
-            except OSError as e:
-                if e.errno != errno.EBADF:  # EBADF: an O_PATH fd (no fgetxattr)
-                    raise
-                value = os.getxattr(f"/proc/self/fd/{fd}", IDENTITY)
-            dev, _, ino = value.decode().partition(":")
-            return int(dev), int(ino)
-        except (OSError, ValueError):
+        try:  # by the fd's /proc link: an O_PATH fd as well (fgetxattr refuses those)
+            return _identity(os.getxattr(f"/proc/self/fd/{fd}", IDENTITY).decode())
+        except OSError:
             return None  # no identity (a file the layer made), or unreadable (mode 000)
 
     def scratch_name(self) -> str:
