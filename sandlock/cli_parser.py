@@ -9,7 +9,6 @@ every start); `sandlock completion` walks the whole tree.
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 
 from . import __version__
@@ -60,6 +59,7 @@ class Parser(argparse.ArgumentParser):
             flags = [w.split("=", 1)[0] for w in words if w.startswith("-")]
             options = [o for a in self._actions for o in a.option_strings]
             for flag in flags:
+                import difflib
                 close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
                 if close:
                     hint += f"\n{self.prog}: {flag}: did you mean {close[0]}?"

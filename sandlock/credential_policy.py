@@ -19,9 +19,7 @@ removed from the program's environment, and so is any other variable holding it.
 from __future__ import annotations
 
 import os
-import secrets as _random
 import shlex
-import subprocess
 from dataclasses import dataclass
 
 from .errors import PolicyError, SandlockError
@@ -74,11 +72,11 @@ def _source(name: str, value) -> str:
 def parse_credentials(fields: dict, intercept, writable, beneath) -> CredentialSpec | None:
     """The fields' credentials, or None. `writable`: paths the sandbox may write (a bound
     program must not lie beneath one); `beneath(a, b)`: is a at or beneath b."""
-    from netpolicy.credentials import CredentialError, _credential_name, parse_auth_rule
     creds, env, rules = (fields.get("credentials"), fields.get("credential_env"),
                          fields.get("http_auth"))
     if not (creds or env or rules):
         return None
+    from netpolicy.credentials import CredentialError, _credential_name, parse_auth_rule
     if creds is not None and not isinstance(creds, dict):
         raise PolicyError(f"credentials: expected a mapping of NAME to a source, got {creds!r}")
     if env is not None and not isinstance(env, dict):
@@ -158,6 +156,7 @@ def read_secret(name: str, source: str) -> bytes:
     elif kind == "fd":
         value = _read_fd(name, int(rest))
     else:
+        import subprocess
         try:
             done = subprocess.run(shlex.split(rest), stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=CMD_TIMEOUT)
@@ -219,6 +218,7 @@ class Secrets:
     the netpolicy Credentials that applies them."""
 
     def __init__(self, spec: CredentialSpec):
+        import secrets as _random
         from netpolicy.credentials import CredentialError, Credentials
         self.spec = spec
         values = {name: read_secret(name, source) for name, source in spec.sources}

@@ -435,7 +435,6 @@ def _bundles(paths, public: str, ca_key) -> tuple:
 def parse_http(fields: dict):
     """(HttpPolicy or None, ports). Ports default to 80 and 443 (TLS is recognised by its
     first byte, and decided on its SNI)."""
-    from netpolicy.http_rules import HttpPolicy, HttpRuleError
     allow, deny, ports = (fields.get("http_allow"), fields.get("http_deny"),
                           fields.get("http_ports"))
     for name, value in (("http_allow", allow), ("http_deny", deny)):
@@ -445,6 +444,7 @@ def parse_http(fields: dict):
         if ports:
             raise PolicyError("http_ports: set without http_allow or http_deny rules")
         return None, frozenset()
+    from netpolicy.http_rules import HttpPolicy, HttpRuleError
     # Credentials (http_auth) are added by the HTTP filter: it sees their connections even
     # without rules of its own (and then lets every request through to them).
     policy = HttpPolicy()

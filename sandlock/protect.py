@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 
 from . import libexec
@@ -42,6 +39,7 @@ def mode() -> str:
         return forced
     with _lock:
         if _mode is None:
+            import subprocess
             try:
                 r = subprocess.run([libexec.path("sandlock-exec"), "--probe-protect"],
                                    capture_output=True, timeout=10)
@@ -56,6 +54,8 @@ def empty_file() -> str:
     global _empty
     with _lock:
         if _empty is None:
+            import shutil
+            import tempfile
             directory = tempfile.mkdtemp(prefix="sandlock-hidden-")
             path = os.path.join(directory, "hidden")
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))

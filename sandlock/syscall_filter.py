@@ -21,8 +21,8 @@ bytes; the child loads the bytes with one syscall. Rules:
 from __future__ import annotations
 
 import errno
+import os
 import socket
-import tempfile
 
 # Kernel-numbered syscalls that libseccomp 2.5.4 does not know by name (x86-64).
 _NEWER_SYSCALLS = {
@@ -399,7 +399,7 @@ def _compile(deny: frozenset[str], supervised: bool, deny_inet: bool, net_superv
             f.add_rule(eperm, name, sc.Arg(arg, sc.MASKED_EQ, _MSG_FASTOPEN, _MSG_FASTOPEN))
     _add_socket_rules(f, sc, eperm, deny_inet, udp and supervised and net_supervised,
                       icmp and supervised and net_supervised, deny_unix or unix_pairs_only)
-    with tempfile.TemporaryFile() as tmp:
+    with os.fdopen(os.memfd_create("sandlock-bpf", os.MFD_CLOEXEC), "w+b") as tmp:
         f.export_bpf(tmp)
         tmp.seek(0)
         return tmp.read()
