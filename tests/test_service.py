@@ -547,3 +547,45 @@ def test_service_stop_takes_effect_at_once(env):
     assert _wait_for(lambda: _state(service) in "ZX", timeout=5.0)
     assert time.monotonic() - stopped < 0.3
     assert not os.path.exists(_sock(env))
+
+
+LATE_GO = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/socket.h>
+#include <unistd.h>
+/* The client's "go" (one byte, "G") is held back past the service's wait, then lost. */
+ssize_t send(int fd, const void *buf, size_t len, int flags) {
+    static ssize_t (*real)(int, const void *, size_t, int);
+    if (real == NULL)
+        real = (ssize_t (*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
+    if (len == 1 && ((const char *)buf)[0] == 'G') {
+        sleep(3);
+        errno = EPIPE;
+        return -1;
+    }
+    return real(fd, buf, len, flags);
+}
+"""
+
+
+def test_a_client_whose_go_never_comes_has_its_command_run_once_by_itself(env, tmp_path):
+    """The service runs nothing before the client's "go": a client that gave up (here its
+    "go" is lost) runs the command in-process, and the service never does (once, not
+    twice). The control: the same client without the shim is served."""
+    src, shim = tmp_path / "late_go.c", tmp_path / "late_go.so"
+    src.write_text(LATE_GO)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), str(src), "-ldl"], check=True)
+    _wait_served(env)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cmd = ("run", "-w", str(marks), "--", "sh", "-c", f"echo $$ >> {marks}/ran")
+    r = client(dict(env, LD_PRELOAD=str(shim)), *cmd, debug=True)
+    assert r.returncode == 0, r.stderr
+    assert "service: accepted" in r.stderr, r.stderr  # it got that far, then fell back
+    time.sleep(2.5)  # past the service's wait for the "go" (REPLY_WAIT)
+    assert len((marks / "ran").read_text().split()) == 1, "the command ran twice"
+    r = client(env, *cmd, debug=True)  # the control
+    assert r.returncode == 0 and "service: accepted" in r.stderr, r.stderr
+    assert len((marks / "ran").read_text().split()) == 2

@@ -118,11 +118,19 @@ def _attributes(pid: int, status: dict[str, str]) -> dict:
     }
 
 
-def inspect(conn: socket.socket, client: bytes | None = None
+def own() -> tuple:
+    """This process's side of the comparison inspect() makes: what of it a client must
+    match. Read ahead of a request by a waiting child (nothing of it changes while it
+    waits: credentials, namespaces, root, label, seccomp and no_new_privs are never
+    changed by the service), so that a client does not wait for it."""
+    return _status("self"), _namespaces("self"), _label("self"), _root("self")
+
+
+def inspect(conn: socket.socket, client: bytes | None = None, mine: tuple | None = None
             ) -> tuple[str | None, dict | None]:
     """(why the process at the other end of `conn` may not be served, None) or
     (None, its attributes; "client": whether it runs the sandlock client, whose
-    executable's bytes are `client`)."""
+    executable's bytes are `client`). `mine`: own(), if read already."""
     pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET,
                                                         socket.SO_PEERCRED, 12))
     if uid != os.geteuid() or gid != os.getegid():
@@ -134,7 +142,7 @@ def inspect(conn: socket.socket, client: bytes | None = None
     try:
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
-            mine = (_status("self"), _namespaces("self"), _label("self"), _root("self"))
+            mine = own() if mine is None else mine
             theirs = (_status(pid), _namespaces(pid), _label(pid), _root(pid))
             attrs = _attributes(pid, theirs[0])
             attrs["client"] = _is_client(pid, client)
@@ -218,6 +226,8 @@ def take_signals(attrs: dict) -> None:
             handler = signal.default_int_handler
         else:
             handler = signal.SIG_DFL
+        if current == handler:
+            continue  # Python's table is the kernel's for these: nothing to change
         try:
             signal.signal(sig, handler)
         except (OSError, ValueError):

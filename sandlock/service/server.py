@@ -135,16 +135,16 @@ def _discard(conn: socket.socket) -> None:
 
 
 def _serve_one(conn: socket.socket, started: float, client: bytes | None,
-               committed) -> bool:
+               committed, mine: tuple | None = None) -> bool:
     """In a child: one connection. False if nothing of this process changed (a refused
     peer, a malformed request, status, stop): the child then takes the next connection,
     so that connections it refuses cost no warmed child. Otherwise the client's request,
     to its exit status, and True (the child exits). `committed()` tells the service the
-    child is taken before anything of it changes."""
+    child is taken before anything of it changes; `mine`: peer.own(), read while waiting."""
     fds: list[int] = []
     taken = False
     try:
-        why, attrs = peer.inspect(conn, client)
+        why, attrs = peer.inspect(conn, client, mine)
         if why is not None:  # before reading anything: a refused peer holds nothing up
             conn.send(b"F" + why.encode()[:400])
             _discard(conn)
@@ -177,14 +177,7 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
         if why is not None:
             conn.send(b"F" + why.encode()[:400])
             return True
-        conn.send(b"A")
-        try:
-            go = conn.recv(16)
-        except TimeoutError:
-            go = b""
-        if go != b"G":
-            conn.send(b"F" + b"no go")  # the client, if still there, falls back: nothing ran
-            return True
+        conn.send(b"A")  # its "go" is awaited in _run, after this process is set up
         ready = fds
         fds = []
     except OSError:  # the peer went away: reused unless this process was taken
@@ -206,10 +199,21 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
 
 def _run(conn: socket.socket, argv: list[str]) -> None:
     done = threading.Event()
+    went = threading.Event()
+    go: list[bytes] = []
 
     def relay():
-        """Signals the client received reach this process as they would have reached the
+        """The client's "go" first (within REPLY_WAIT: the socket's timeout); then the
+        signals the client received reach this process as they would have reached the
         in-process CLI; the client gone is the CLI killed."""
+        try:
+            go.append(conn.recv(16))
+            conn.settimeout(None)
+        except OSError:  # TimeoutError included
+            pass
+        went.set()
+        if go != [b"G"]:
+            return
         while True:
             try:
                 m = conn.recv(16)
@@ -221,8 +225,15 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if m[:1] == b"S" and len(m) >= 2:
                 os.kill(os.getpid(), m[1])
-    conn.settimeout(None)
+    # Started before the "go" is read: its start overlaps the client's answer.
     threading.Thread(target=relay, daemon=True).start()
+    went.wait(REPLY_WAIT + 1.0)  # bounded by the socket's timeout; this one is a backstop
+    if go != [b"G"]:
+        try:  # the client, if still there, falls back: nothing ran
+            conn.send(b"F" + b"no go")
+        except OSError:
+            pass
+        return
     sys.argv = ["sandlock", *argv]
     from ..cli import main
     try:
@@ -483,6 +494,7 @@ def serve(idle: float = IDLE) -> int:
                 os.close(quit_w)
                 os.close(lock)
                 _warm_child()
+                mine = peer.own()
 
                 def committed():
                     listener.close()
@@ -494,7 +506,7 @@ def serve(idle: float = IDLE) -> int:
                     if conn is None:
                         return
                     with conn:
-                        if _serve_one(conn, started, client, committed):
+                        if _serve_one(conn, started, client, committed, mine):
                             return
             finally:
                 os._exit(0)
