@@ -1065,3 +1065,19 @@ def test_a_copied_up_file_keeps_the_identity_stat_reported(tmp_path):
     assert (work / "old.txt").read_text() == "old\nmore\n"  # committed
     for name in ("old.txt", "keep.txt", "linked.txt", "new.txt"):
         assert not [x for x in os.listxattr(work / name) if x.startswith("user.sandlock.")]
+
+
+def test_without_the_c_fast_path_a_pristine_workspace_is_the_kernel_s_too():
+    """Python decides as the C fast path replays (fastcow.c cow_read_only): while the
+    layer holds no change, the calls that only look are the kernel's, as the sandbox (a
+    workdir symlink to /proc/self/environ shows the sandbox's own environment, and a
+    refused file is Landlock's refusal, not the supervisor's); from the first change on
+    the layer answers. The same tests, run with the fast path switched off."""
+    tests = ["test_a_symlink_in_the_workdir_does_not_extend_the_policy",
+             "test_proc_self_behind_a_workdir_symlink_is_never_the_supervisors"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        __file__, "-k", " or ".join(tests)],
+                       env=dict(os.environ, SANDLOCK_NO_FASTPATH="1"), capture_output=True,
+                       text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0 and " passed" in r.stdout and "deselected" in r.stdout, \
+        r.stdout[-3000:]

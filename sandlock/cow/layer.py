@@ -122,8 +122,11 @@ class CowLayer:
         self._pending: dict[int, str] = {}
         self._root_ino: int | None = None
         self._upper_dev: int | None = None
-        # Called once, before the first change: while there is none, the workspace is the
-        # workdir itself (the supervisor's C fast path relies on that; see fastpath.py).
+        # True until the first change (False for a layer opened from disk): while there is
+        # none, the workspace is the workdir itself, read-only under Landlock, and the
+        # calls that only look are the kernel's to do (loop._with_workspace; the C fast
+        # path's cow_read_only does the same). on_first_change is called once, before it.
+        self.pristine = create
         self.on_first_change = None
         # Bumped whenever an upper directory standing for a workdir one moves or goes: the
         # origin index lower_dir_now() uses is rebuilt only then (_materialize adds to it).
@@ -213,10 +216,12 @@ class CowLayer:
             if ino is not None:
                 self._complete.add(ino)
             return
-        if udir == self.upper and self.on_first_change is not None:
+        if udir == self.upper:
             # Every change starts here: concrete() materializes the root before anything.
-            self.on_first_change()
-            self.on_first_change = None
+            self.pristine = False
+            if self.on_first_change is not None:
+                self.on_first_change()
+                self.on_first_change = None
         ino = os.lstat(udir).st_ino
         self._pending.pop(ino, None)
         origin = _safe_rel(_xattr(udir, ORIGIN) or ".")

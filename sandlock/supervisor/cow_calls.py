@@ -600,6 +600,26 @@ def chdir(req, session):
     return Reissue({"rdi": os.fsencode(target)}, f"chdir to {os.fsdecode(path)}")
 
 
+# The calls that only look: while the layer holds no change (CowLayer.pristine) the kernel
+# does them as the sandbox, with its own rights, on the workdir that Landlock keeps
+# read-only (the C fast path's cow_read_only, fastcow.c, continues the same ones).
+ONLY_LOOK = frozenset({"stat", "lstat", "access", "readlink", "fstat", "newfstatat", "statx",
+                       "faccessat", "faccessat2", "readlinkat", "getxattr", "lgetxattr",
+                       "listxattr", "llistxattr", "getcwd", "chdir", "execve", "execveat",
+                       "getdents64", "getdents"})
+_TMPFILE_BIT = 0o20000000  # O_TMPFILE without O_DIRECTORY (fastcow.c TMPFILE_BIT)
+
+
+def only_looks(name: str, args) -> bool:
+    """The call only looks: one of ONLY_LOOK, or an open for reading that creates and
+    truncates nothing."""
+    if name in ONLY_LOOK:
+        return True
+    flags = args[1] if name == "open" else args[2] if name == "openat" else None
+    return flags is not None and flags & (os.O_ACCMODE | os.O_CREAT | os.O_TRUNC
+                                          | _TMPFILE_BIT) == os.O_RDONLY
+
+
 # Name -> handler. The metadata calls (chmod, chown, utimes, xattrs) keep their handlers in
 # supervisor.metadata, which resolve workspace paths through Request.open_target.
 HANDLERS = {

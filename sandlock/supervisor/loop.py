@@ -112,6 +112,9 @@ def _with_workspace(name, other):
                 raise Denied(errno.ENOSYS, "no handler for this syscall")
             return other(req, session)
         from . import cow_calls
+        if session.cow.pristine and session.runtime is None and \
+                cow_calls.only_looks(name, req.args):
+            return _guard_outside(name, req, session, CONTINUE)
         cow_handler = cow_calls.HANDLERS[name]
         if other is None or session.runtime is None:
             return _guard_outside(name, req, session, cow_handler(req, session))
@@ -129,7 +132,7 @@ def _with_workspace(name, other):
 
 def _exec_in_workspace(name, other):
     def handler(req, session):
-        if session.cow is not None:
+        if session.cow is not None and not session.cow.pristine:
             from . import cow_calls
             if name == "execve":
                 redo = cow_calls.execve_check(req, session, -100, 0, 1, 0)
