@@ -64,8 +64,8 @@ def _expand_writes(grant: str, excluded: list[str], denied: list[str],
     a writable grant): the directories on the way keep read rights only, every entry off
     the way gets the full grant, the excluded path itself no write right."""
     below = [e for e in excluded if e != grant and is_beneath(e, grant)]
-    if grant in excluded:
-        return
+    if grant in excluded or grant in denied:
+        return  # no rule at all (as _expand gives a denied entry none)
     if not below:
         _expand(grant, WRITE_RIGHTS, denied, out)
         return

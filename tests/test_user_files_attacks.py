@@ -277,3 +277,55 @@ def test_metadata_of_protected_files_never_changes(home):
     assert r.stdout == "ok\n", r.stderr  # the control
     after = os.stat(home / ".bashrc")
     assert (after.st_mode, after.st_mtime) == (before.st_mode, before.st_mtime)
+
+
+# Review 2026-12-05 F1: a seccomp workdir inside a writable grant expanded that grant
+# around it, and gave a denied entry beside it (--fs-deny; a hidden secret in "landlock"
+# mode) the full grant.
+@pytest.mark.parametrize("backend", ["seccomp", "overlay"])
+@pytest.mark.parametrize("mode", MODES)
+def test_denied_paths_beside_a_workdir_in_a_writable_grant_stay_denied(home, mode,
+                                                                        backend):
+    private = home / "private"
+    private.mkdir()
+    (private / "key").write_text("PRIVATE-KEY\n")
+    (home / "notes").mkdir()  # beside the workdir, in the grant (new names directly in
+    # the home are not: the grant is expanded around the workdir, docs/workspace.md)
+    script = (f"cat {private}/key; echo rc=$?; echo planted >> {private}/key; echo rc=$?; "
+              f"cat {home}/.aws/credentials; echo rc=$?; echo ok >> {home}/notes/other.txt; "
+              f"echo rc=$?")
+    r = cli(home, "run", "-w", str(home), "--fs-deny", str(private), "--workspace-backend",
+            backend, "--workdir", ".", "--on-exit", "abort", "--", "sh", "-c", script,
+            mode=mode)
+    rcs = [line for line in r.stdout.splitlines() if line.startswith("rc=")]
+    assert rcs[:3] == ["rc=1", "rc=2", "rc=1"] and "PRIVATE" not in r.stdout, r.stdout
+    assert "aws_secret_access_key" not in r.stdout
+    assert (private / "key").read_text() == "PRIVATE-KEY\n"  # nothing planted
+    assert rcs[3] == "rc=0", r.stderr  # the control
+    assert (home / "notes/other.txt").read_text() == "ok\n"
+
+
+# F2: a path spelled in the workdir that leaves it (`..`, a symlink) was opened by the
+# supervisor in its own mount namespace, checked against the grants only: secrets were
+# read and startup files written.
+@pytest.mark.parametrize("mode", MODES)
+def test_a_path_leaving_the_workdir_keeps_the_user_s_files_protected(home, mode):
+    (home / "notes").mkdir()
+    os.link(home / ".bashrc", home / "notes" / "rc")  # another name of a protected file
+    script = ("echo x > note; cat ../.aws/credentials; echo rc=$?; "
+              "echo PERSIST >> ../.bashrc; echo rc=$?; "
+              "ln -s ../.profile prof && echo PERSIST >> prof; echo rc=$?; "
+              "echo PERSIST >> ../.netrc; echo rc=$?; echo PERSIST >> ../notes/rc; echo rc=$?; "
+              "echo ok >> ../notes/other.txt; echo rc=$?; cat ../proj/note; "
+              "cat ../.gitconfig")
+    r = cli(home, "run", "-w", str(home), "--workspace-backend", "seccomp", "--workdir",
+            ".", "--on-exit", "abort", "--", "sh", "-c", script, mode=mode)
+    rcs = [line for line in r.stdout.splitlines() if line.startswith("rc=")]
+    assert rcs[:5] == ["rc=1", "rc=2", "rc=2", "rc=2", "rc=2"], (r.stdout, r.stderr)
+    assert "aws_secret_access_key" not in r.stdout
+    assert (home / ".bashrc").read_text() == "# the user's bashrc\n"
+    assert (home / ".profile").read_text() == "# the user's profile\n"
+    assert "PERSIST" not in (home / ".netrc").read_text()
+    # the control: the rest of the grant is written, read, and the layer read back
+    assert rcs[5] == "rc=0" and (home / "notes/other.txt").read_text() == "ok\n"
+    assert "x\n" in r.stdout and "Fake User" in r.stdout

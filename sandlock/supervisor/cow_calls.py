@@ -71,12 +71,21 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
         loc = located(session, req, rel, follow, writes or creat)
         runtime_path_check(session, loc)
         if loc.kind == OUTSIDE:
-            fd = layer.open_real(loc.real, flags | os.O_NONBLOCK, mode & ~umask_of(req) & 0o7777)
+            # Truncated only once the object is known not to be a protected one.
+            fd = layer.open_real(loc.real, (flags | os.O_NONBLOCK) & ~os.O_TRUNC,
+                                 mode & ~umask_of(req) & 0o7777)
             st = os.fstat(fd)
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
                 os.close(fd)  # devices, FIFOs, sockets: only through the kernel's own checks
                 raise Denied(errno.EACCES, f"{loc.real}: only files and directories are "
                                            f"reached through a symlink in the workdir")
+            try:
+                _refuse_protected(session, st, loc.real, writes or creat)
+            except Denied:
+                os.close(fd)
+                raise
+            if flags & os.O_TRUNC and stat.S_ISREG(st.st_mode) and acc != os.O_RDONLY:
+                os.ftruncate(fd, 0)
             if not flags & os.O_NONBLOCK:
                 os.set_blocking(fd, True)
             return Inject(fd, bool(flags & os.O_CLOEXEC))
@@ -114,6 +123,17 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
             return _fifo_open(layer, loc.real, oflags)
         fd = layer.open_real(loc.real, oflags, mode & ~umask_of(req) & 0o7777)
         return Inject(fd, bool(flags & os.O_CLOEXEC))
+
+
+def _refuse_protected(session, st: os.stat_result, real: str, write: bool) -> None:
+    """An object reached outside the workdir that is another name of one the protection of
+    the user's files keeps (cow_paths._outside checked the name itself): a secret, and for
+    a write a persistence vector too."""
+    prot = session.protection
+    if prot is not None and (st.st_dev, st.st_ino) in (
+            prot.identities if write else prot.hidden_identities):
+        raise Denied(errno.EACCES, f"{real} is a persistence vector or secret (another "
+                                   f"name of it)")
 
 
 class _FifoGuard(Guard):
@@ -390,6 +410,8 @@ def truncate(req, session):
         loc = session.cow.copy_up(loc)
         fd = session.cow.open_real(loc.real, os.O_WRONLY)
         try:
+            if loc.kind == OUTSIDE:
+                _refuse_protected(session, os.fstat(fd), loc.real, True)
             os.ftruncate(fd, length)
         finally:
             os.close(fd)

@@ -88,11 +88,20 @@ def _outside_real(req: Request, path: str, follow: bool) -> str:
 
 
 def _outside(session, real: str, write: bool) -> str:
-    """`real` (resolved, outside the workdir) if the sandbox's own rules let it be reached,
-    the test Landlock applies to the sandbox itself."""
+    """`real` (resolved, outside the workdir) if the sandbox's own rules let it be reached:
+    the test Landlock applies to the sandbox itself, and the protection of the user's files
+    (what the sandbox's mounts or the guard keep: the supervisor acts in its own mount
+    namespace, where no cover hides a secret and no read-only bind keeps a startup file)."""
     policy = session.policy
     if any(is_beneath(real, d) for d in policy.fs_denied):
         raise Denied(errno.EACCES, f"{real} is in fs_denied")
+    prot = session.protection
+    if prot is not None:
+        why = prot.refusal(real) if write else next(
+            (f"{real} is a secret (hidden from sandboxes)" for h in prot.hidden
+             if is_beneath(real, h)), None)
+        if why is not None:
+            raise Denied(errno.EACCES, why)
     grants = policy.fs_writable if write else policy.fs_writable + policy.fs_readable
     if not any(is_beneath(real, g) for g in grants):
         raise Denied(errno.EACCES, f"{real} (reached through a symlink in the workdir) is "

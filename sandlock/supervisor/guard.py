@@ -75,7 +75,8 @@ class Protection:
         self.homes = tuple(plan.homes)
         self.mode = mode
         self.threads = confined_threads
-        self.identities = frozenset(_identities(self.readonly + self.hidden))
+        self.hidden_identities = frozenset(_identities(self.hidden))
+        self.identities = self.hidden_identities | frozenset(_identities(self.readonly))
         # Protected paths the user named in a writable grant themselves (-w .git/config):
         # theirs to change, with what lies beneath them.
         self.exempt = ()
