@@ -589,3 +589,44 @@ def test_a_client_whose_go_never_comes_has_its_command_run_once_by_itself(env, t
     r = client(env, *cmd, debug=True)  # the control
     assert r.returncode == 0 and "service: accepted" in r.stderr, r.stderr
     assert len((marks / "ran").read_text().split()) == 2
+
+
+RAW_ENV = r"""
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+extern char **environ;
+/* raw-env ENTRY PROG ARGS...: PROG with this environment and ENTRY, however malformed */
+int main(int argc, char **argv) {
+    int n = 0;
+    while (environ[n]) n++;
+    char **e = calloc(n + 2, sizeof *e);
+    memcpy(e, environ, n * sizeof *e);
+    e[n] = argv[1];
+    execve(argv[2], argv + 2, e);
+    return 127;
+}
+"""
+
+
+def test_a_caller_state_the_service_cannot_take_falls_back(env, tmp_path):
+    """An environment entry Python cannot set ("=x"): the service says so before the
+    "go", and the client runs the in-process CLI, whatever that does with it — never a
+    status of its own."""
+    src, raw = tmp_path / "raw.c", tmp_path / "raw-env"
+    src.write_text(RAW_ENV)
+    subprocess.run(["cc", "-o", str(raw), str(src)], check=True)
+    _wait_served(env)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for _ in range(3):
+        r = subprocess.run([str(raw), "=weird", CLIENT, "run", "-w", str(marks), "--", "sh",
+                            "-c", f"echo $$ >> {marks}/ran"], env=dict(
+                                env, SANDLOCK_SERVICE_DEBUG="1"), stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+        assert "cannot take the caller's state" in r.stderr, r.stderr
+        assert "ended before it reported" not in r.stderr, r.stderr
+    direct = subprocess.run([str(raw), "=weird", sys.executable, "-P", "-m", "sandlock",
+                             "run", "--", "true"], env=env, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=60)
+    assert r.returncode == direct.returncode, (r.stderr, direct.stderr)

@@ -436,8 +436,15 @@ int main(int argc, char **argv) {
         }
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
             n = recv(sock, reply, sizeof reply, 0);
-            if (first && n >= 1 && reply[0] == 'F')
-                fall_back(argc, argv);  /* "go" came too late for it: nothing ran */
+            if (first && n >= 1 && reply[0] == 'F') {
+                /* "go" came too late, or it could not take this process's state: nothing
+                 * ran */
+                if (getenv("SANDLOCK_SERVICE_DEBUG") != NULL) {
+                    reply[n < (ssize_t)sizeof reply ? n : (ssize_t)sizeof reply - 1] = 0;
+                    fprintf(stderr, "sandlock: service: %s\n", reply + 1);
+                }
+                fall_back(argc, argv);
+            }
             first = 0;
             if (n == 5 && reply[0] == 'X') {
                 int32_t status;

@@ -185,14 +185,22 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
     finally:
         for fd in fds:
             os.close(fd)
-    for i in range(3):
-        os.dup2(ready[i], i)
-    os.fchdir(ready[3])
-    for fd in ready:
-        os.close(fd)
-    os.environ.clear()
-    os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
-    peer.take_signals(attrs)
+    try:  # before the client's "go" is read: a failure here lets it fall back
+        for i in range(3):
+            os.dup2(ready[i], i)
+        os.fchdir(ready[3])
+        for fd in ready:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
+        peer.take_signals(attrs)
+    except Exception as e:  # an environment the process cannot take (a name with "="...)
+        try:
+            conn.send(b"F" + f"cannot take the caller's state ({e})".encode()[:400])
+            conn.recv(16)  # its "go": closed unread, it would cost the client the "F"
+        except OSError:
+            pass
+        return True
     _run(conn, req["argv"])
     return True
 
