@@ -14,6 +14,9 @@ import sys
 
 EXIT_TIMEOUT = 124
 EXIT_SANDLOCK = 125
+# In a CLI service child: the sandbox it built ahead for these fields, if still the one
+# they build (service/prepared.py), else None.
+_prepared = None
 
 
 def _say(text: str) -> None:
@@ -189,7 +192,7 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
     merged = merge_fields(merge_fields(base, fields), _flag_fields(a))
     from .errors import PolicyError
     try:
-        sb = Sandbox(**merged)
+        sb = (_prepared and _prepared(merged)) or Sandbox(**merged)
     except PolicyError as e:
         raise PolicyError(flag_named(str(e), a, fields)) from None
     if getattr(a, "verbose", False):

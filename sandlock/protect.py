@@ -49,18 +49,21 @@ def mode() -> str:
         return _mode
 
 
-def empty_file() -> str:
-    """An empty file of mode 0 that hidden files are covered with (one per process)."""
+def empty_file(removed_at_exit: bool = True) -> str:
+    """An empty file of mode 0 that hidden files are covered with (one per process, and
+    its children). removed_at_exit=False: the caller removes its directory (the CLI
+    service, whose children inherit it and run atexit handlers of their own)."""
     global _empty
     with _lock:
         if _empty is None:
-            import shutil
             import tempfile
             directory = tempfile.mkdtemp(prefix="sandlock-hidden-")
             path = os.path.join(directory, "hidden")
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))
             os.chmod(path, 0)
-            atexit.register(shutil.rmtree, directory, True)
+            if removed_at_exit:
+                import shutil
+                atexit.register(shutil.rmtree, directory, True)
             _empty = path
         return _empty
 

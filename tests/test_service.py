@@ -591,6 +591,69 @@ def test_a_client_whose_go_never_comes_has_its_command_run_once_by_itself(env, t
     assert len((marks / "ran").read_text().split()) == 2
 
 
+def _served(env, *args):
+    r = client(env, *args, debug=True)
+    assert r.returncode == 0 and "service: accepted" in r.stderr, r.stderr
+    return r
+
+
+def test_a_prepared_sandbox_is_used_only_while_what_it_read_is_unchanged(env, tmp_path):
+    """A spare builds the last call's sandbox ahead (service/prepared.py). A call with the
+    same inputs gets it — while nothing its build read has changed: a secret created in
+    the home since is hidden all the same (a stale plan would grant it with the home);
+    another environment is another build."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("public notes\n")
+    env = dict(env, HOME=str(home))
+    flags = ("run", "-r", str(home), "--")
+    deadline, used = time.monotonic() + 30, 0
+    # Every call has these inputs (the first starts the service), so every spare prepares
+    # them; twice in a row: the spares are warm and have prepared.
+    while used < 2:
+        r = client(env, *flags, "cat", str(home / "notes.txt"), debug=True)
+        assert r.stdout == "public notes\n", r.stderr
+        used = used + 1 if "prepared sandbox used" in r.stderr else 0
+        assert time.monotonic() < deadline, r.stderr
+        time.sleep(0.3)
+    time.sleep(1.0)  # they have warmed up and prepared this call's sandbox
+    (home / ".netrc").write_text("machine example.com password SECRET\n")
+    r = client(env, *flags, "cat", str(home / ".netrc"), debug=True)
+    assert "SECRET" not in r.stdout and r.returncode != 0, (r.stdout, r.stderr)
+    assert "prepared sandbox not used: a directory it read changed" in r.stderr, r.stderr
+    time.sleep(1.0)
+    r = client(dict(env, OTHER="1"), *flags, "cat", str(home / "notes.txt"), debug=True)
+    assert r.stdout == "public notes\n", r.stderr
+    assert "prepared sandbox not used: another environment" in r.stderr, r.stderr
+
+
+def test_a_prepared_build_reads_and_never_changes_anything(tmp_path):
+    """What a build may do while it is recorded: read (each read is noted, with what it
+    saw); anything else is refused before it happens."""
+    from sandlock.service import prepared
+    f = tmp_path / "f"
+    f.write_text("content")
+    with prepared.recording() as rec:
+        with open(f) as fh:
+            assert fh.read() == "content"
+        assert os.path.isdir(tmp_path) and not os.path.exists(tmp_path / "none")
+        assert os.listdir(tmp_path) == ["f"]
+        with pytest.raises(PermissionError):
+            open(tmp_path / "new", "w")
+        with pytest.raises(PermissionError):
+            os.mkdir(tmp_path / "dir")
+        with pytest.raises(PermissionError):
+            subprocess.run(["true"])
+    assert rec.refused is not None
+    assert sorted(os.listdir(tmp_path)) == ["f"]  # nothing was made
+    deps = rec.deps
+    assert deps[("O", str(f), 0)][-1] == b"content"
+    assert deps[("S", str(tmp_path / "none"), True)][0] == "err"
+    assert deps[("L", str(tmp_path))][1] == (("f", False, False),)
+    # outside a recording nothing is refused
+    open(tmp_path / "new", "w").close()
+
+
 RAW_ENV = r"""
 #include <stdlib.h>
 #include <string.h>

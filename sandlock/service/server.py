@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 
-from . import peer
+from . import peer, prepared
 
 IDLE = 600.0          # seconds without a request before the service exits
 SPARE = 2             # children waiting in accept() (1 while a call is served)
@@ -430,6 +430,23 @@ def _still_ours(path: str, ino: int) -> bool:
         return False
 
 
+def _take_inputs(inputs: socket.socket, latest: list, abandoned: list) -> None:
+    """The children's reports (prepared.py): b"R" + a served call's inputs, the next to
+    prepare; b"B" + inputs whose preparation a spare abandoned (never tried again)."""
+    while True:
+        try:
+            m = inputs.recv(prepared.MAX_REPORT + 2)
+        except (BlockingIOError, InterruptedError):
+            return
+        if m[:1] == b"B":
+            abandoned.append(m[1:])
+            del abandoned[:-16]
+            if latest[0] == m[1:]:
+                latest[0] = None
+        elif m[:1] == b"R" and m[1:] not in abandoned:
+            latest[0] = m[1:]
+
+
 def serve(idle: float = IDLE) -> int:
     """Run the service in this process until idle, stopped or its code changes. 0, or 1
     when another service holds the lock (not an error for whoever started this one)."""
@@ -462,6 +479,10 @@ def serve(idle: float = IDLE) -> int:
         os.umask(old)
     listener.listen(128)
     ino = os.stat(path).st_ino
+    from .. import protect
+    # Made once, here, and removed by this process: every child covers hidden files with
+    # it, and a build prepared ahead (prepared.py) may make nothing.
+    hidden = os.path.dirname(protect.empty_file(removed_at_exit=False))
     _warm()
     client = _client_bytes()
     stamp = _code_stamp()
@@ -488,6 +509,14 @@ def serve(idle: float = IDLE) -> int:
     exits: dict[int, int] = {}
     last = time.monotonic()
     checked = warmed = last
+    # The inputs of each call served (prepared.report): the next spares build the last
+    # one's sandbox ahead (prepared.py); inputs whose preparation was abandoned are not
+    # tried again.
+    inputs_r, inputs_w = socket.socketpair(socket.AF_UNIX,
+                                           socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    inputs_r.setblocking(False)
+    latest: list[bytes | None] = [None]
+    abandoned: list[bytes] = []
 
     def spawn():
         pid = os.fork()
@@ -501,8 +530,23 @@ def serve(idle: float = IDLE) -> int:
                 os.close(took_r)
                 os.close(quit_w)
                 os.close(lock)
+                inputs_r.close()
                 _warm_child()
                 mine = peer.own()
+                prepared.REPORT = inputs_w
+                if latest[0] is not None:
+                    try:
+                        ok = prepared.prepare(latest[0])
+                    except Exception:
+                        ok = False
+                    if not ok:  # it may have left this process in any state: not served
+                        print(f"sandlock: service {os.getppid()}: a sandbox built ahead was "
+                              f"abandoned ({prepared.abandoned}); its inputs are not "
+                              f"prepared again", file=sys.stderr)
+                        prepared.refused(latest[0])
+                        return
+                from .. import cli
+                cli._prepared = prepared.use
 
                 def committed():
                     listener.close()
@@ -533,7 +577,7 @@ def serve(idle: float = IDLE) -> int:
             while len(idle_children) < (1 if busy else SPARE) and len(busy) < MAX_BUSY:
                 spawn()
             try:
-                ready, _, _ = select.select([took_r, wake_r, *exits], [], [], 1.0)
+                ready, _, _ = select.select([took_r, wake_r, inputs_r, *exits], [], [], 1.0)
             except InterruptedError:
                 ready = []
             if wake_r in ready:
@@ -542,6 +586,8 @@ def serve(idle: float = IDLE) -> int:
                 if fd in exits:
                     del exits[fd]
                     os.close(fd)  # reaped below
+            if inputs_r in ready:
+                _take_inputs(inputs_r, latest, abandoned)
             if took_r in ready:
                 data = os.read(took_r, 4096)
                 for (pid,) in struct.iter_unpack("i", data[:len(data) // 4 * 4]):
@@ -587,6 +633,8 @@ def serve(idle: float = IDLE) -> int:
             pass
         listener.close()
         os.close(quit_w)  # the spare children leave; busy ones finish their client
+        import shutil
+        shutil.rmtree(hidden, ignore_errors=True)
         print(f"sandlock: service {os.getpid()}: exiting: {why}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,476 @@
+"""A sandbox built ahead of a call by a waiting CLI-service child, and used only if
+nothing it was built from has changed (server.py starts it; cli._sandbox calls use()).
+
+Why: building a Sandbox — the policy, the protection of the user's files, the Landlock
+ruleset, the seccomp program — is ~3 ms of a warm `sandlock run` (12 -> 9.3 ms), and a spare
+child has nothing to do while it waits. Agents send the same flags from the same
+directory with the same environment call after call. So a spare builds the sandbox of
+the last call the service served, and a call whose inputs are the same gets it, if the
+file system still looks as it did to that build.
+
+What use() checks before a prepared sandbox replaces a new one, each check made on the
+request's own state; any difference, or a check that cannot be made, means a new build,
+exactly as without this module:
+  1. The inputs, compared whole: the merged policy fields (flags, policy file, toolchain
+     grants: everything Sandbox(**fields) is given), the environment, the working
+     directory (device and inode), and this process's attributes (peer._attributes:
+     limits, umask, affinity...). Credentials, namespaces and confinement are the
+     service's in both cases (peer.inspect).
+  2. The file system, as the build saw it. While building, every os.stat / lstat /
+     access / readlink is recorded with its result (the os module's functions are
+     wrapped: os.path, glob and the rest call them at run time), and through a Python
+     audit hook (PEP 578) every open — its stat fields at that moment (_sig) and, for a
+     regular file opened to read, its bytes — and every directory listed, with its
+     entries at that moment. Once built, an inotify descriptor watches every directory
+     those paths lie in or under (as spelled and as resolved) and each directory listed,
+     for entries made, removed, renamed, or changed in owner or mode; then every read is
+     redone and compared once (a change before the watches were set). At use: no event
+     may be queued, and what inotify cannot vouch for is redone and compared — contents
+     read, files of several links, /proc and /sys, the mount table, anything on a
+     filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere).
+  3. Nothing else. Any other audited event while building — a write of any kind, a
+     process started, a socket, a library loaded, an fd-relative call — is refused (the
+     operation raises) and the preparation abandoned: the spare exits rather than serve
+     with whatever state the refusal left, and the service does not try that call's
+     inputs again (server.py). Fields with side effects known in advance (a workspace, a
+     private /tmp, the HTTP filter, credentials, an audit log, explain) are not tried.
+Invariant: a prepared Sandbox is used at most once, and only after 1-3 passed at that
+moment. The checks are made before the program starts, as a new build's reads would be:
+the window in which a change goes unseen is a new build's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pickle
+import select
+import socket
+import stat
+import sys
+import threading
+
+MAX_READ = 1 << 20    # bytes of a file read while building that are kept to compare
+MAX_REPORT = 1 << 17  # a call's inputs larger than this are not prepared
+_WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_KIND = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY
+# Audited events a build raises that are neither file system reads nor effects: the
+# interpreter's own (imports of modules not imported yet, code objects), and walks over
+# what the recorded calls read (glob, os.walk), fcntl on fds the build holds.
+_QUIET = frozenset({"import", "compile", "exec", "marshal.loads", "marshal.load",
+                    "object.__getattr__", "object.__setattr__", "object.__delattr__",
+                    "sys._getframe", "code.__new__", "function.__new__", "os.walk",
+                    "glob.glob", "glob.glob/2", "fcntl.fcntl"})
+# Fields whose build has effects (directories made, files opened to write, sockets): not
+# prepared (the audit hook would refuse them anyway; this spares a wasted spare).
+_EFFECTS = ("workdir", "private_tmp", "http_allow", "http_deny", "http_auth", "http_ca",
+            "http_key", "http_inject_ca", "http_ca_out", "credentials", "credential_env",
+            "audit_log", "explain", "report_only")
+_WRAPPED = ("stat", "lstat", "access", "readlink", "open")
+
+REPORT: socket.socket | None = None  # to the service: the inputs of each call served
+_ready: "_Prepared | None" = None
+_recording: "_Recorder | None" = None
+abandoned = ""  # what made prepare() give up (for the service's log)
+_hooked = False
+
+
+class _Refused(PermissionError):
+    pass
+
+
+def _sig(st: os.stat_result) -> tuple:
+    """What of a stat result a build may depend on: the kind, identity, owner and mode,
+    and for a regular file what changes with its contents (size, times, links). Not a
+    directory's times, size and link count: they change with its entries, which matter
+    only where the build listed it (the listing is then compared itself), and /proc's
+    change all the time."""
+    m = st.st_mode
+    if stat.S_ISREG(m):
+        return (m, st.st_ino, st.st_dev, st.st_uid, st.st_gid, st.st_nlink, st.st_size,
+                st.st_mtime_ns, st.st_ctime_ns)
+    return (m, st.st_ino, st.st_dev, st.st_uid, st.st_gid, st.st_rdev)
+
+
+def _stat(path, follow: bool):
+    try:
+        return ("ok", _sig(_STAT(path, follow_symlinks=follow)))
+    except OSError as e:
+        return ("err", e.errno)
+
+
+def _call(fn, path, *args, **kw):
+    try:
+        return ("ok", fn(path, *args, **kw))
+    except OSError as e:
+        return ("err", e.errno)
+
+
+def _opened(path, kind: int):
+    """An open's object: its stat fields and, for a regular file opened to read, its
+    bytes (or the errno of reading them)."""
+    seen = _stat(path, not kind & os.O_NOFOLLOW)
+    if seen[0] == "err" or kind & os.O_PATH or not stat.S_ISREG(seen[1][0]):
+        return seen
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (kind & os.O_NOFOLLOW))
+    except OSError as e:
+        return seen + (e.errno,)
+    try:
+        chunks, n = [], 0
+        while n <= MAX_READ and (chunk := os.read(fd, 65536)):
+            chunks.append(chunk)
+            n += len(chunk)
+    finally:
+        os.close(fd)
+    if n > MAX_READ:
+        raise _Refused(f"{path}: over {MAX_READ} bytes read")
+    return seen + (b"".join(chunks),)
+
+
+def _listed(path):
+    """A directory's entries: names and kinds (a symlink, a directory), from the listing
+    itself (no stat: what a build reads of a DirEntry without one)."""
+    try:
+        with os.scandir(path) as it:
+            return ("ok", tuple(sorted((e.name, e.is_symlink(), e.is_dir(follow_symlinks=False))
+                                       for e in it)))
+    except OSError as e:
+        return ("err", e.errno)
+
+
+def _redo(dep: tuple):
+    """What the call `dep` observes now (deps: ("S", path, follow), ("A", path, args,
+    kw), ("R", path), ("O", path, open kind), ("L", path))."""
+    k = dep[0]
+    if k == "S":
+        return _stat(dep[1], dep[2])
+    if k == "O":
+        return _opened(dep[1], dep[2])
+    if k == "L":
+        return _listed(dep[1])
+    if k == "A":
+        return _call(_REAL["access"], dep[1], *dep[2], **dict(dep[3]))
+    return _call(_REAL["readlink"], dep[1])
+
+
+class _Recorder:
+    """What one build read (deps: call -> what it saw), on the thread that builds."""
+
+    def __init__(self):
+        self.deps: dict[tuple, tuple] = {}
+        self.refused: str | None = None
+        self.thread = threading.get_ident()
+        self.busy = False  # our own reads, not the build's
+
+    def mine(self) -> bool:
+        return not self.busy and threading.get_ident() == self.thread
+
+    def refuse(self, what: str):
+        if self.refused is None:
+            self.refused = what
+        raise _Refused(f"sandlock: {what}: not while preparing a sandbox")
+
+    def note(self, dep: tuple, seen) -> None:
+        old = self.deps.setdefault(dep, seen)
+        if old != seen:  # read twice by the build, with different results
+            self.refuse(f"{dep[1]!r} changed while building")
+
+    def call(self, name: str, path, args: tuple, kw: dict):
+        """os.<name>(path, *args, **kw) for the build, recorded."""
+        if isinstance(path, int) or kw.get("dir_fd") is not None:
+            self.refuse(f"os.{name} on an fd")
+        p = os.fspath(path)
+        if name in ("stat", "lstat"):
+            dep = ("S", p, name == "stat" and kw.get("follow_symlinks", True))
+        elif name == "access":
+            dep = ("A", p, args, tuple(sorted(kw.items())))
+        else:
+            dep = ("R", p)
+        try:
+            v = _REAL[name](path, *args, **kw)
+        except OSError as e:
+            self.note(dep, ("err", e.errno))
+            raise
+        self.note(dep, ("ok", _sig(v) if dep[0] == "S" else v))
+        return v
+
+    def audit(self, event: str, args: tuple) -> None:
+        if event == "open":
+            path, _, flags = args
+            if isinstance(path, int):
+                return  # an fd the build holds (os.fdopen): its open was seen
+            if flags & _WRITE:
+                self.refuse(f"open {path!r} to write")
+            dep = ("O", os.fspath(path), flags & _KIND)
+        elif event in ("os.scandir", "os.listdir"):
+            path = args[0]
+            if path is None:
+                path = "."
+            if isinstance(path, int):
+                self.refuse(f"{event} of an fd")
+            dep = ("L", os.fspath(path))
+        elif event in _QUIET:
+            return
+        else:
+            self.refuse(event)
+        self.busy = True
+        try:
+            seen = _redo(dep)
+        finally:
+            self.busy = False
+        self.note(dep, seen)
+
+
+def _hook(event: str, args: tuple) -> None:
+    rec = _recording
+    if rec is not None and rec.mine():
+        rec.audit(event, args)
+
+
+_REAL = {name: getattr(os, name) for name in _WRAPPED}
+_STAT = _REAL["stat"]
+
+
+def _wrapper(name: str):
+    real = _REAL[name]
+
+    def wrapped(path, *args, **kw):
+        rec = _recording
+        if rec is None or not rec.mine():
+            return real(path, *args, **kw)
+        if name == "open":  # recorded by its audit event, which does not name a dir fd
+            if kw.get("dir_fd") is not None:
+                rec.refuse("os.open relative to an fd")
+            return real(path, *args, **kw)
+        return rec.call(name, path, args, kw)
+    wrapped.__name__ = name
+    return wrapped
+
+
+class _Prepared:
+    def __init__(self, merged, env, cwd, attrs, sb, watch: int, redo: dict):
+        self.merged, self.env, self.cwd, self.attrs = merged, env, cwd, attrs
+        self.sb, self.watch, self.redo = sb, watch, redo
+
+    def stale(self, merged) -> str | None:
+        """Why this sandbox is not the one `merged` would build now, or None."""
+        try:
+            if merged != self.merged:
+                return "other policy fields (" + ", ".join(sorted(
+                    k for k in {*merged, *self.merged}
+                    if merged.get(k) != self.merged.get(k))) + ")"
+            if dict(os.environ) != self.env:
+                return "another environment"
+            if _cwd() != self.cwd:
+                return "another working directory"
+            if _attributes() != self.attrs:
+                return "other process attributes"
+            if select.select([self.watch], [], [], 0)[0]:
+                return "a directory it read changed"
+            for dep, seen in self.redo.items():
+                if _redo(dep) != seen:
+                    return f"{dep[1]} changed"
+        except Exception as e:  # a check that cannot be made: a change
+            return f"check failed ({e})"
+        return None
+
+    def close(self) -> None:
+        os.close(self.watch)
+
+
+# Filesystems whose changes inotify reports (made on this machine, through any path): a
+# read of anything else is redone at use instead (NFS, FUSE, ...: changed elsewhere).
+_LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "bcachefs",
+                       "overlay", "ramfs"})
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of this process's mounts, longest point first."""
+    out = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields, _, rest = line.partition(b" - ")
+            point = fields.split()[4].decode("unicode_escape")  # \040 & co.
+            out.append((os.fsdecode(point.encode("latin-1")), rest.split()[0].decode()))
+    return sorted(out, key=lambda m: -len(m[0]))
+
+
+def _watch(deps: dict, mounts) -> tuple[int, dict] | None:
+    """An inotify descriptor watching what a change to any of `deps` changes: the
+    directory of each path read and every directory above it, as spelled and as resolved,
+    and each directory listed (entries made, removed, renamed, their owner or mode
+    changed; inotify.CHANGES); and the deps it cannot vouch for, to redo at use: contents
+    read (a write is no entry change), files of several links (changed through another
+    name), /proc and /sys, and what lies on a filesystem not in _LOCAL_FS. None if a watch
+    cannot be set (no instance or watch left for this user, ...)."""
+    from .._kernel import inotify
+    from ..fs_rules import is_beneath
+    dirs: set[str] = set()
+    redo: dict = {}
+    for dep, seen in deps.items():
+        path = os.path.abspath(dep[1])
+        real = os.path.realpath(path)
+        fs = next((t for point, t in mounts if is_beneath(real, point)), "?")
+        if fs not in _LOCAL_FS or (dep[0] == "O" and len(seen) == 3) or (
+                seen[0] == "ok" and dep[0] in "SO" and stat.S_ISREG(seen[1][0])
+                and seen[1][5] > 1):
+            redo[dep] = seen
+            continue
+        for p in {path, real}:
+            if dep[0] == "L" and seen[0] == "ok":
+                dirs.add(p)
+            d = os.path.dirname(p)
+            while d not in dirs:
+                dirs.add(d)
+                d = os.path.dirname(d)
+    try:
+        fd = inotify.init()
+    except OSError:
+        return None
+    try:
+        for d in dirs:
+            try:
+                inotify.watch_directory(fd, d)
+            except OSError as e:
+                if e.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    raise  # gone or not a directory: its parent's watch sees it come
+    except OSError:
+        os.close(fd)
+        return None
+    return fd, redo
+
+
+def _cwd() -> tuple[int, int]:
+    st = os.stat(".")
+    return st.st_dev, st.st_ino
+
+
+def _attributes() -> dict:
+    from . import peer
+    attrs = peer._attributes(os.getpid(), peer._status("self"))
+    attrs.pop("ignored")
+    attrs.pop("blocked")
+    return attrs
+
+
+def _preparable(merged: dict, env: dict) -> bool:
+    # HOME: the home is read from it (os.path.expanduser), never from the user database,
+    # which no recorded call reads.
+    return bool(env.get("HOME")) and not any(merged.get(k) for k in _EFFECTS)
+
+
+@contextlib.contextmanager
+def recording():
+    """What the code run inside, on this thread, reads (the _Recorder's deps); anything
+    else it does is refused (PermissionError) and noted (rec.refused)."""
+    global _recording, _hooked
+    if not _hooked:
+        sys.addaudithook(_hook)  # for good: an idle hook costs a lookup per event
+        _hooked = True
+    rec = _Recorder()
+    for name in _WRAPPED:
+        setattr(os, name, _wrapper(name))
+    _recording = rec
+    try:
+        yield rec
+    finally:
+        _recording = None
+        for name in _WRAPPED:
+            setattr(os, name, _REAL[name])
+
+
+def prepare(payload: bytes) -> bool:
+    """In a spare child, before it waits: build the sandbox of `payload` (a call's inputs,
+    as report() sent them), recording what the build read. False if the build did
+    something a prepared build may not: the caller must exit, not serve."""
+    global _ready
+    merged, env, cwd = pickle.loads(payload)
+    if not _preparable(merged, env):
+        return True
+    from ..sandbox import Sandbox
+    saved = dict(os.environ)
+    try:
+        os.chdir(cwd)
+    except OSError:
+        return True
+    os.environ.clear()
+    os.environ.update(env)
+    sb = None
+    try:
+        where, attrs = _cwd(), _attributes()
+        with recording() as rec:
+            try:
+                sb = Sandbox(**merged)
+                sb.degradations  # noqa: B018 (builds the ruleset and the filter)
+                sb.notices  # noqa: B018
+            except Exception:
+                sb = None  # refused (the call will say why itself), or our refusal: below
+        if rec.refused is not None:
+            global abandoned
+            abandoned = rec.refused
+            return False
+        if sb is None:
+            return True
+        # Mount changes raise no inotify event: the table is compared at use.
+        rec.deps.setdefault(("O", "/proc/self/mountinfo", 0),
+                            _opened("/proc/self/mountinfo", 0))
+        try:
+            watched = _watch(rec.deps, _mounts())
+        except (OSError, ValueError, IndexError):  # the mount table unreadable, ...
+            watched = None
+        if watched is None:
+            return True
+        # A change between the build's reads and the watches: every read redone, now that
+        # the watches see what comes next.
+        try:
+            moved = any(_redo(dep) != seen for dep, seen in rec.deps.items())
+        except Exception:  # a file now over MAX_READ, ...
+            moved = True
+        if moved:
+            os.close(watched[0])
+            return True
+        _ready = _Prepared(merged, env, where, attrs, sb, *watched)
+        return True
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        os.chdir("/")
+
+
+def report(merged: dict) -> None:
+    """In a serving child: tell the service this call's inputs (the next spares prepare
+    them). Never waits: a full socket or large inputs skip it."""
+    if REPORT is None or not _preparable(merged, dict(os.environ)):
+        return
+    try:
+        payload = pickle.dumps((merged, dict(os.environ), os.getcwd()))
+        if len(payload) <= MAX_REPORT:
+            REPORT.send(b"R" + payload, socket.MSG_DONTWAIT)
+    except (OSError, pickle.PicklingError):
+        pass
+
+
+def refused(payload: bytes) -> None:
+    """In a spare whose preparation was abandoned: never prepare these inputs again."""
+    if REPORT is not None:
+        try:
+            REPORT.send(b"B" + payload, socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+
+
+def use(merged: dict):
+    """cli._sandbox in a serving child: the prepared Sandbox if it is the one `merged`
+    builds now, else None (the caller builds one). Reports the call either way."""
+    global _ready
+    ready, _ready = _ready, None
+    report(merged)
+    why = "none prepared" if ready is None else ready.stale(merged)
+    if ready is not None:
+        ready.close()
+    if os.environ.get("SANDLOCK_SERVICE_DEBUG"):
+        print(f"sandlock: service: prepared sandbox "
+              f"{'used' if why is None else 'not used: ' + why}", file=sys.stderr)
+    return ready.sb if why is None else None
