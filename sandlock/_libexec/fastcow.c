@@ -31,7 +31,7 @@
  * the workspace is the workdir itself, read-only under Landlock: the kernel may do these
  * calls as the sandbox, with the sandbox's own rights, and whatever it re-reads (another
  * path, other flags) stays under those rights. openat2 (flags in memory) goes to Python.
- * Python decides the same (cow_calls.only_looks, loop._with_workspace): keep the two in step. */
+ * Python decides the same (cow_calls.only_looks, dispatch._with_workspace): keep the two in step. */
 int cow_read_only(const struct seccomp_notif *n) {
     switch (n->data.nr) {
 #ifdef SYS_stat

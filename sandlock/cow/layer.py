@@ -124,7 +124,7 @@ class CowLayer:
         self._upper_dev: int | None = None
         # True until the first change (False for a layer opened from disk): while there is
         # none, the workspace is the workdir itself, read-only under Landlock, and the
-        # calls that only look are the kernel's to do (loop._with_workspace; the C fast
+        # calls that only look are the kernel's to do (dispatch._with_workspace; the C fast
         # path's cow_read_only does the same). on_first_change is called once, before it.
         self.pristine = create
         self.on_first_change = None
