@@ -17,10 +17,12 @@ Only paths beneath a grant matter: a path no grant reaches is refused by Landloc
 
 from __future__ import annotations
 
+import collections
 import os
 import stat
 from dataclasses import dataclass
 
+from ._kernel.fileops import open_regular, read_regular
 from .fs_rules import is_beneath
 
 SECRETS = (
@@ -168,12 +170,8 @@ def _git_dir_of(entry: str) -> str | None:
     """The git directory a `.git` entry stands for: itself, or the one a gitfile names."""
     if os.path.isdir(entry) and not os.path.islink(entry):
         return entry
-    try:
-        with open(entry, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return None
-    if not head.startswith(b"gitdir:"):
+    head = read_regular(entry, 4096)  # a FIFO planted as .git never stalls a build
+    if head is None or not head.startswith(b"gitdir:"):
         return None
     target = os.fsdecode(head[7:].split(b"\n", 1)[0].strip())
     return os.path.realpath(os.path.join(os.path.dirname(entry), target))
@@ -234,6 +232,9 @@ def git_dirs_within(gitdir: str, budget: int = 2000) -> list[str]:
     return out
 
 
+MAX_LINE = 1 << 16  # a git config line longer than this is read as several
+
+
 def hooks_paths(gitdir: str, worktree: str | None, home_dirs) -> list[str]:
     """Directories a core.hooksPath setting names (the repository's config, the user's
     global ones): git runs what is there as hooks."""
@@ -242,18 +243,18 @@ def hooks_paths(gitdir: str, worktree: str | None, home_dirs) -> list[str]:
     configs += [os.path.join(h, rel) for h in home_dirs
                 for rel in (".gitconfig", ".config/git/config")]
     for cfg in configs:
-        try:
-            with open(cfg, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
+        fd = open_regular(cfg)
+        if fd is None:
             continue
-        for line in lines:
-            key, sep, value = line.strip().partition("=")
-            if sep and key.strip().lower() == "hookspath":
-                value = os.path.expanduser(value.strip().strip('"'))
-                base = worktree if cfg.startswith(gitdir) and worktree else \
-                    os.path.dirname(cfg)
-                out.append(os.path.realpath(os.path.join(base, value)))
+        values = collections.deque(maxlen=64)  # git uses the last: the last ones are kept
+        with os.fdopen(fd, "rb") as f:  # line by line, each bounded: a padded config
+            for raw in iter(lambda: f.readline(MAX_LINE), b""):  # costs time, not memory
+                key, sep, value = raw.decode("utf-8", "replace").strip().partition("=")
+                if sep and key.strip().lower() == "hookspath":
+                    values.append(value)
+        base = worktree if cfg.startswith(gitdir) and worktree else os.path.dirname(cfg)
+        out += [os.path.realpath(os.path.join(base, os.path.expanduser(
+            v.strip().strip('"')))) for v in values]
     return out
 
 

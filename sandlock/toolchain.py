@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ._kernel.fileops import read_regular
 from .fs_rules import is_beneath
 
 # Version managers: (name, environment variable naming the root, default root in $HOME)
@@ -107,12 +108,8 @@ def _which(name: str, path_env: str, cwd: str | None) -> str | None:
 
 
 def _shebang(path: str) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
-    except OSError:
-        return []
-    if not head.startswith(b"#!"):
+    head = read_regular(path, 256)
+    if head is None or not head.startswith(b"#!"):
         return []
     return os.fsdecode(head[2:].split(b"\n", 1)[0]).split()
 
@@ -143,16 +140,13 @@ def _follow(program: str, g: _Grants, path_env: str, cwd, why: str, depth: int =
     cfg = os.path.join(os.path.dirname(os.path.dirname(real)), "pyvenv.cfg")
     hop_cfg = os.path.join(os.path.dirname(os.path.dirname(program)), "pyvenv.cfg")
     for candidate in {cfg, hop_cfg}:
-        try:
-            with open(candidate) as f:
-                for line in f:
-                    key, _, value = line.partition("=")
-                    if key.strip() == "home" and value.strip():
-                        base = os.path.join(value.strip(), "python3")
-                        _follow(base if os.path.exists(base) else value.strip(), g,
-                                path_env, cwd, f"{why} -> virtualenv base", depth + 1)
-        except OSError:
-            continue
+        data = read_regular(candidate, 65536)
+        for line in (data or b"").decode("utf-8", "replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                base = os.path.join(value.strip(), "python3")
+                _follow(base if os.path.exists(base) else value.strip(), g,
+                        path_env, cwd, f"{why} -> virtualenv base", depth + 1)
 
 
 def _venv_of(path: str) -> str | None:

@@ -122,3 +122,42 @@ def birth_ns(dirfd: int, path: str = "", nofollow: bool = True) -> int | None:
     if not buf.mask & STATX_BTIME:
         return None
     return buf.btime[0] * 1_000_000_000 + (buf.btime[1] & 0xFFFFFFFF)
+
+
+
+def open_regular(path: str) -> int | None:
+    """An fd to read the regular file at `path`; None for anything else or an error.
+    Opened without blocking (O_NONBLOCK: a FIFO someone put where a file is read — a
+    `.git` gitfile, a config, a script's `#!` line — would wait for a writer forever), and
+    kept only once fstat says it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def read_regular(path: str, limit: int) -> bytes | None:
+    """The first `limit` bytes of the regular file at `path` (open_regular), or None."""
+    fd = open_regular(path)
+    if fd is None:
+        return None
+    try:
+        chunks, n = [], 0
+        while n < limit:
+            chunk = os.read(fd, min(65536, limit - n))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
