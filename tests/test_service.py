@@ -693,3 +693,77 @@ def test_a_caller_state_the_service_cannot_take_falls_back(env, tmp_path):
                              "run", "--", "true"], env=env, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=60)
     assert r.returncode == direct.returncode, (r.stderr, direct.stderr)
+
+
+def _log(env) -> str:
+    try:
+        with open(os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "service.log")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_build_ahead_that_reads_past_its_bound_is_abandoned_not_weakened(env, tmp_path):
+    """(review 2026-12-05) A file the build opens but the recording cannot keep (over its
+    bound: a padded ~/.gitconfig naming core.hooksPath) was left out of the build and
+    the sandbox prepared without the hooks' protection. The preparation is abandoned:
+    every call keeps the hooks directory from being created."""
+    home, proj = tmp_path / "home", tmp_path / "home" / "proj"
+    (proj / ".git").mkdir(parents=True)
+    (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {proj}/hooks\n"
+                                     + "#" * (1 << 20) + "\n")
+    env = dict(env, HOME=str(home))
+    for i in range(6):
+        r = client(env, "run", "-w", str(proj), "--", "sh", "-c",
+                   f"mkdir {proj}/made{i} && mkdir {proj}/hooks && echo WROTE", debug=True)
+        assert "WROTE" not in r.stdout, r.stderr
+        assert (proj / f"made{i}").is_dir(), r.stderr  # the control
+        time.sleep(0.3)
+    assert not (proj / "hooks").exists()
+    assert "abandoned" in _log(env) and "over 1048576 bytes" in _log(env), _log(env)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount")
+def test_one_directory_reached_by_another_path_is_another_build(env, tmp_path):
+    """(review 2026-12-05) The working directory was compared by object alone: a sandbox
+    built from a bind-mount alias of the home (where the plan hides nothing of the
+    alias's path) was used from the home itself, and its secrets were read."""
+    home, alias = tmp_path / "home", tmp_path / "alias"
+    home.mkdir()
+    alias.mkdir()
+    (home / ".netrc").write_text("machine x password SECRET\n")
+    (home / "notes").write_text("notes\n")
+    subprocess.run(["mount", "--bind", str(home), str(alias)], check=True)
+    try:
+        env = dict(env, HOME=str(home), PWD=str(home))  # the same environment for both
+        used, deadline = 0, time.monotonic() + 30
+        while used < 2:
+            r = client(env, "run", "-r", ".", "--", "cat", "notes", debug=True, cwd=alias)
+            assert r.stdout == "notes\n", r.stderr
+            used = used + 1 if "prepared sandbox used" in r.stderr else 0
+            assert time.monotonic() < deadline, r.stderr
+            time.sleep(0.3)
+        time.sleep(1.0)
+        r = client(env, "run", "-r", ".", "--", "cat", ".netrc", debug=True, cwd=home)
+        assert "SECRET" not in r.stdout and r.returncode != 0, (r.stdout, r.stderr)
+        assert "not used: another working directory" in r.stderr, r.stderr
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
+
+
+def test_a_fifo_where_the_build_reads_a_file_never_stalls_it(env, tmp_path):
+    """(review 2026-12-05; pre-existing) A FIFO named .git in a writable grant (made by an
+    earlier sandbox) hung every later build of that grant — in-process, and every spare
+    of the service building it ahead. Not a file: skipped; the service stays usable."""
+    proj = tmp_path / "proj"
+    (proj / "sub").mkdir(parents=True)
+    os.mkfifo(proj / "sub" / ".git")
+    os.mkfifo(proj / ".gitconfig-fifo")
+    r = in_process(env, "run", "-w", str(proj), "--", "echo", "ok")
+    assert r.stdout == "ok\n", r.stderr
+    _wait_served(env)
+    for _ in range(4):
+        r = client(env, "run", "-w", str(proj), "--", "echo", "ok", debug=True)
+        assert r.stdout == "ok\n" and "accepted" in r.stderr, r.stderr
+        time.sleep(0.3)
+    assert _status(env).returncode == 0

@@ -29,11 +29,14 @@ exactly as without this module:
      read, files of several links, /proc and /sys, the mount table, anything on a
      filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere).
   3. Nothing else. Any other audited event while building — a write of any kind, a
-     process started, a socket, a library loaded, an fd-relative call — is refused (the
-     operation raises) and the preparation abandoned: the spare exits rather than serve
+     process started, a socket, a library loaded, an fd-relative call, an open of
+     something that may block (a FIFO) — is refused (the operation raises), and so is a
+     build over PREPARE_LIMIT; the preparation is abandoned: the spare exits rather than serve
      with whatever state the refusal left, and the service does not try that call's
      inputs again (server.py). Fields with side effects known in advance (a workspace, a
      private /tmp, the HTTP filter, credentials, an audit log, explain) are not tried.
+(Raw system calls made through ctypes raise no audit event: the build's own, which make
+kernel objects only — the Landlock ruleset, a memfd for the BPF program.)
 Invariant: a prepared Sandbox is used at most once, and only after 1-3 passed at that
 moment. The checks are made before the program starts, as a new build's reads would be:
 the window in which a change goes unseen is a new build's own.
@@ -46,6 +49,7 @@ import errno
 import os
 import pickle
 import select
+import signal
 import socket
 import stat
 import sys
@@ -53,6 +57,7 @@ import threading
 
 MAX_READ = 1 << 20    # bytes of a file read while building that are kept to compare
 MAX_REPORT = 1 << 17  # a call's inputs larger than this are not prepared
+PREPARE_LIMIT = 2.0   # seconds a build ahead may take (one that blocks is abandoned)
 _WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _KIND = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY
 # Audited events a build raises that are neither file system reads nor effects: the
@@ -218,8 +223,14 @@ class _Recorder:
         self.busy = True
         try:
             seen = _redo(dep)
+        except Exception as e:  # over MAX_READ, ...: never a dependency left unrecorded
+            self.busy = False
+            self.refuse(f"{dep[1]!r}: {e}")
         finally:
             self.busy = False
+        if dep[0] == "O" and seen[0] == "ok" and not dep[2] & os.O_PATH and \
+                not (stat.S_ISREG(seen[1][0]) or stat.S_ISDIR(seen[1][0])):
+            self.refuse(f"open {dep[1]!r}: not a file or directory")  # a FIFO may block
         self.note(dep, seen)
 
 
@@ -263,8 +274,8 @@ class _Prepared:
                     if merged.get(k) != self.merged.get(k))) + ")"
             if dict(os.environ) != self.env:
                 return "another environment"
-            if _cwd() != self.cwd:
-                return "another working directory"
+            if (_cwd(), os.getcwd()) != self.cwd:  # the object, and the path the build
+                return "another working directory"  # used (bind mounts: one, two paths)
             if _attributes() != self.attrs:
                 return "other process attributes"
             if select.select([self.watch], [], [], 0)[0]:
@@ -283,7 +294,7 @@ class _Prepared:
 # Filesystems whose changes inotify reports (made on this machine, through any path): a
 # read of anything else is redone at use instead (NFS, FUSE, ...: changed elsewhere).
 _LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "bcachefs",
-                       "overlay", "ramfs"})
+                       "ramfs"})  # not overlay: its layers change beneath it unseen
 
 
 def _mounts() -> list[tuple[str, str]]:
@@ -399,14 +410,22 @@ def prepare(payload: bytes) -> bool:
     os.environ.update(env)
     sb = None
     try:
-        where, attrs = _cwd(), _attributes()
+        where, attrs = (_cwd(), os.getcwd()), _attributes()
         with recording() as rec:
+            def overdue(signum, frame):
+                rec.refuse(f"building took over {PREPARE_LIMIT:g}s")
+            old = signal.signal(signal.SIGALRM, overdue)
+            # Again and again: a build that caught the first refusal may block once more.
+            signal.setitimer(signal.ITIMER_REAL, PREPARE_LIMIT, PREPARE_LIMIT)
             try:
                 sb = Sandbox(**merged)
                 sb.degradations  # noqa: B018 (builds the ruleset and the filter)
                 sb.notices  # noqa: B018
             except Exception:
                 sb = None  # refused (the call will say why itself), or our refusal: below
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
         if rec.refused is not None:
             global abandoned
             abandoned = rec.refused
@@ -437,6 +456,15 @@ def prepare(payload: bytes) -> bool:
         os.environ.clear()
         os.environ.update(saved)
         os.chdir("/")
+
+
+def discard() -> None:
+    """Drop the sandbox built ahead, if any (newer inputs are to be prepared); its kernel
+    objects go with it (Confinement.__del__)."""
+    global _ready
+    ready, _ready = _ready, None
+    if ready is not None:
+        ready.close()
 
 
 def report(merged: dict) -> None:

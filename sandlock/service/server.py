@@ -406,13 +406,25 @@ def _changed(stamp: dict[str, float]) -> bool:
     return False
 
 
-def _accept(listener: socket.socket, quit_r: int) -> socket.socket | None:
+def _accept(listener: socket.socket, quit_r: int, news: socket.socket | None = None,
+            on_news=None) -> socket.socket | None:
     """In a spare child: the next client (the listener is non-blocking: another child may
-    take the one that woke us), or None once the service's quit pipe is closed."""
+    take the one that woke us), or None once the service's quit pipe is closed or
+    on_news(inputs) — newer inputs to prepare, sent on `news` — returns False."""
     while True:
-        ready, _, _ = select.select([listener, quit_r], [], [])
+        ready, _, _ = select.select([listener, quit_r] + ([news] if news else []), [], [])
         if quit_r in ready:
             return None
+        if news in ready:
+            try:
+                m = news.recv(prepared.MAX_REPORT + 1)
+            except OSError:
+                m = b""
+            if not m:
+                news = None  # the service's end is gone: the quit pipe says the rest
+            elif not on_news(m):
+                return None
+            continue
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
@@ -430,14 +442,16 @@ def _still_ours(path: str, ino: int) -> bool:
         return False
 
 
-def _take_inputs(inputs: socket.socket, latest: list, abandoned: list) -> None:
+def _take_inputs(inputs: socket.socket, latest: list, abandoned: list) -> bool:
     """The children's reports (prepared.py): b"R" + a served call's inputs, the next to
-    prepare; b"B" + inputs whose preparation a spare abandoned (never tried again)."""
+    prepare; b"B" + inputs whose preparation a spare abandoned (never tried again).
+    Whether the inputs to prepare are new ones."""
+    before = latest[0]
     while True:
         try:
             m = inputs.recv(prepared.MAX_REPORT + 2)
         except (BlockingIOError, InterruptedError):
-            return
+            return latest[0] is not None and latest[0] != before
         if m[:1] == b"B":
             abandoned.append(m[1:])
             del abandoned[:-16]
@@ -517,11 +531,18 @@ def serve(idle: float = IDLE) -> int:
     inputs_r.setblocking(False)
     latest: list[bytes | None] = [None]
     abandoned: list[bytes] = []
+    # Each idle spare's end of a socket on which newer inputs reach it (it prepares them).
+    news: dict[int, socket.socket] = {}
 
     def spawn():
+        news_r, news_w = socket.socketpair(socket.AF_UNIX,
+                                           socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         pid = os.fork()
         if pid == 0:
             try:
+                news_w.close()
+                for other in news.values():
+                    other.close()
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 signal.set_wakeup_fd(-1)
@@ -534,27 +555,32 @@ def serve(idle: float = IDLE) -> int:
                 _warm_child()
                 mine = peer.own()
                 prepared.REPORT = inputs_w
-                if latest[0] is not None:
+
+                def prepare(inputs: bytes) -> bool:
+                    prepared.discard()
                     try:
-                        ok = prepared.prepare(latest[0])
-                    except Exception:
-                        ok = False
+                        ok = prepared.prepare(inputs)
+                    except Exception as e:
+                        ok, prepared.abandoned = False, repr(e)
                     if not ok:  # it may have left this process in any state: not served
                         print(f"sandlock: service {os.getppid()}: a sandbox built ahead was "
                               f"abandoned ({prepared.abandoned}); its inputs are not "
                               f"prepared again", file=sys.stderr)
-                        prepared.refused(latest[0])
-                        return
+                        prepared.refused(inputs)
+                    return ok
+                if latest[0] is not None and not prepare(latest[0]):
+                    return
                 from .. import cli
                 cli._prepared = prepared.use
 
                 def committed():
                     listener.close()
                     os.close(quit_r)
+                    news_r.close()
                     os.write(took_w, struct.pack("i", os.getpid()))
                     os.close(took_w)
                 while True:
-                    conn = _accept(listener, quit_r)
+                    conn = _accept(listener, quit_r, news_r, prepare)
                     if conn is None:
                         return
                     with conn:
@@ -562,6 +588,9 @@ def serve(idle: float = IDLE) -> int:
                             return
             finally:
                 os._exit(0)
+        news_r.close()
+        news_w.setblocking(False)
+        news[pid] = news_w
         idle_children.add(pid)
         try:
             exits[os.pidfd_open(pid)] = pid
@@ -586,13 +615,19 @@ def serve(idle: float = IDLE) -> int:
                 if fd in exits:
                     del exits[fd]
                     os.close(fd)  # reaped below
-            if inputs_r in ready:
-                _take_inputs(inputs_r, latest, abandoned)
+            if inputs_r in ready and _take_inputs(inputs_r, latest, abandoned):
+                for sock in news.values():  # the spares waiting prepare the newer inputs
+                    try:
+                        sock.send(latest[0], socket.MSG_DONTWAIT)
+                    except OSError:
+                        pass
             if took_r in ready:
                 data = os.read(took_r, 4096)
                 for (pid,) in struct.iter_unpack("i", data[:len(data) // 4 * 4]):
                     idle_children.discard(pid)
                     busy.add(pid)
+                    if pid in news:
+                        news.pop(pid).close()
                 last = time.monotonic()
             while True:
                 try:
@@ -607,6 +642,8 @@ def serve(idle: float = IDLE) -> int:
                           f"{wstatus:#x}", file=sys.stderr)
                 idle_children.discard(pid)
                 busy.discard(pid)
+                if pid in news:
+                    news.pop(pid).close()
             now = time.monotonic()
             if not busy and now - last > idle:
                 why = "idle"
