@@ -98,6 +98,61 @@ def homes(home_dir: str | None = None) -> list[str]:
     return out
 
 
+def _mount_rows() -> list[list[bytes]]:
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            return [line.split() for line in f]
+    except OSError:
+        return []
+
+
+def _mounts_of(dev: int, rows) -> list[tuple[str, str]]:
+    """(root in the filesystem, mount point) of every mount of device `dev` in `rows`
+    (/proc/self/mountinfo)."""
+    key = f"{os.major(dev)}:{os.minor(dev)}"
+
+    def unescape(b: bytes) -> str:  # \040 & co.
+        return os.fsdecode(b.decode("unicode_escape").encode("latin-1") if b"\\" in b else b)
+    return [(unescape(r[3]), unescape(r[4])) for r in rows
+            if len(r) > 4 and r[2].decode() == key]
+
+
+def exposures(path: str, rows=None) -> list[tuple[str, str]]:
+    """Other places the directory `path` (or a directory beneath it) is reached through,
+    by another mount of its filesystem (a bind mount of a home elsewhere): (alias, what
+    it is): the alias stands for `path` itself, or for a directory beneath it. The plan
+    works by path, so an alias's secrets are protected by their alias paths too."""
+    try:
+        dev = os.stat(path).st_dev
+    except OSError:
+        return []
+    mounts = _mounts_of(dev, _mount_rows() if rows is None else rows)
+    above = [(root, mp) for root, mp in mounts if is_beneath(path, mp)]
+    if not above:
+        return []
+    root0, mp0 = max(above, key=lambda m: len(m[1]))
+    inner = os.path.normpath(os.path.join(root0, os.path.relpath(path, mp0)))  # not "//"
+    out = []
+    for root, mp in mounts:
+        if (root, mp) == (root0, mp0):
+            continue
+        if is_beneath(inner, root):  # the whole of `path`, under mp
+            out.append((os.path.normpath(os.path.join(mp, os.path.relpath(inner, root))),
+                        path))
+        elif is_beneath(root, inner):  # a directory beneath it, at mp
+            out.append((mp, os.path.normpath(os.path.join(path, os.path.relpath(root, inner)))))
+    return [(a, w) for a, w in out if not is_beneath(a, path)]  # a mount within it: the same
+
+
+def _aliased(paths, exposed) -> list[str]:
+    """`paths` and, for each, its alias paths (exposures)."""
+    out = list(paths)
+    for alias, real in exposed:
+        out += [os.path.normpath(alias + "/" + os.path.relpath(p, real))
+                for p in paths if is_beneath(p, real)]
+    return out
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -325,9 +380,11 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
     grants = _grant_set(tuple(readable) + tuple(writable))
     wgrants = _grant_set(writable)
     all_homes = homes(home_dir)
+    rows = _mount_rows()
+    exposed = [e for h in all_homes for e in exposures(h, rows)]
     realpath = _Resolver()
     hidden, readonly, guarded = [], [], []
-    secrets = [s for h in all_homes for s in secret_paths(h)]
+    secrets = _aliased([s for h in all_homes for s in secret_paths(h)], exposed)
     for s in secrets:
         if not os.path.lexists(s):
             if _beneath_grant(s, wgrants) and not _named_exempt(s, named_write):
@@ -340,7 +397,7 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
             if _beneath_grant(p, grants):
                 hidden += _carve(p, named)
     roots = [w for w in writable if w != "/dev/null" and os.path.isdir(w)]
-    vectors = [p for h in all_homes for p in persistence_paths(h)]
+    vectors = _aliased([p for h in all_homes for p in persistence_paths(h)], exposed)
     for p in dict.fromkeys(vectors):
         if _named_exempt(p, named_write) or any(is_beneath(p, x) for x in hidden):
             continue

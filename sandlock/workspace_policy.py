@@ -50,31 +50,10 @@ _probed: dict[tuple, str | None] = {}
 
 def _exposing_mount(workdir: str) -> str | None:
     """Another mount point through which the workdir's directory (or something beneath
-    it) is reachable, or None. Read from /proc/self/mountinfo: mounts of the workdir's
-    device whose root contains the workdir's path in that filesystem, or lies beneath it."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            rows = [line.split() for line in f]
-    except OSError:
-        return None
-    dev = os.stat(workdir).st_dev
-    key = f"{os.major(dev)}:{os.minor(dev)}"
-
-    def unescape(s: str) -> str:
-        return s.encode().decode("unicode_escape") if "\\" in s else s
-    mounts = [(unescape(r[3]), unescape(r[4])) for r in rows if len(r) > 4 and r[2] == key]
-    # The mount the workdir is reached through: the longest mount point above it.
-    above = [(root, mp) for root, mp in mounts if is_beneath(workdir, mp)]
-    if not above:
-        return None
-    root0, mp0 = max(above, key=lambda m: len(m[1]))
-    inner = os.path.normpath(root0 + "/" + os.path.relpath(workdir, mp0))
-    for root, mp in mounts:
-        if (root, mp) == (root0, mp0):
-            continue
-        if is_beneath(inner, root) or is_beneath(root, inner):
-            return mp
-    return None
+    it) is reachable, or None (home_policy.exposures: from /proc/self/mountinfo)."""
+    from .home_policy import exposures
+    found = exposures(workdir)
+    return found[0][0] if found else None
 
 
 def overlay_refusal(workdir: str, storage: str, max_disk) -> str | None:

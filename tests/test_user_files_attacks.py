@@ -329,3 +329,22 @@ def test_a_path_leaving_the_workdir_keeps_the_user_s_files_protected(home, mode)
     # the control: the rest of the grant is written, read, and the layer read back
     assert rcs[5] == "rc=0" and (home / "notes/other.txt").read_text() == "ok\n"
     assert "x\n" in r.stdout and "Fake User" in r.stdout
+
+
+# Review 2026-12-05 (prepared sandboxes, side note): the plan works by path, so a home
+# reached through a bind mount elsewhere had none of its secrets hidden there.
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_home_reached_through_another_mount_keeps_its_secrets(home, mode, tmp_path):
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    subprocess.run(["mount", "--bind", str(home), str(alias)], check=True)
+    try:
+        r = cli(home, "run", "-r", str(alias), "--", "sh", "-c",
+                f"cat {alias}/.gitconfig; cat {alias}/.ssh/id_ed25519; echo rc=$?; "
+                f"cat {alias}/.aws/credentials; echo rc=$?", mode=mode)
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
+    assert "Fake User" in r.stdout, r.stderr  # the control: the rest of the home is read
+    assert "PRIVATE KEY" not in r.stdout and "aws_secret_access_key" not in r.stdout
+    assert [x for x in r.stdout.splitlines() if x.startswith("rc=")] == ["rc=1", "rc=1"]
