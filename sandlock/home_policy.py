@@ -288,6 +288,7 @@ def git_dirs_within(gitdir: str, budget: int = 2000) -> list[str]:
 
 
 MAX_LINE = 1 << 16  # a git config line longer than this is read as several
+MAX_CONFIG = 1 << 20  # bytes of a git config read for core.hooksPath, at most
 
 
 def hooks_paths(gitdir: str, worktree: str | None, home_dirs) -> list[str]:
@@ -298,12 +299,20 @@ def hooks_paths(gitdir: str, worktree: str | None, home_dirs) -> list[str]:
     configs += [os.path.join(h, rel) for h in home_dirs
                 for rel in (".gitconfig", ".config/git/config")]
     for cfg in configs:
+        if os.path.realpath(cfg).startswith(("/proc/", "/sys/")):
+            continue  # no git config (git would not finish reading one either)
         fd = open_regular(cfg)
         if fd is None:
             continue
         values = collections.deque(maxlen=64)  # git uses the last: the last ones are kept
-        with os.fdopen(fd, "rb") as f:  # line by line, each bounded: a padded config
-            for raw in iter(lambda: f.readline(MAX_LINE), b""):  # costs time, not memory
+        read = 0
+        with os.fdopen(fd, "rb") as f:  # line by line, each bounded; the whole too
+            for raw in iter(lambda: f.readline(MAX_LINE), b""):
+                read += len(raw)
+                if read > MAX_CONFIG:  # what lies beyond is unchecked: refused, not guessed
+                    from .errors import PolicyError
+                    raise PolicyError(f"{cfg}: over {MAX_CONFIG} bytes: too large to check "
+                                      f"for core.hooksPath (remove it or grant less)")
                 key, sep, value = raw.decode("utf-8", "replace").strip().partition("=")
                 if sep and key.strip().lower() == "hookspath":
                     values.append(value)
@@ -384,7 +393,14 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
     exposed = [e for h in all_homes for e in exposures(h, rows)]
     realpath = _Resolver()
     hidden, readonly, guarded = [], [], []
-    secrets = _aliased([s for h in all_homes for s in secret_paths(h)], exposed)
+    own = [s for h in all_homes for s in secret_paths(h)]
+    secrets = _aliased(own, exposed)
+    for s in secrets[len(own):]:  # another mount's path to a secret: naming it is no consent
+        for g in tuple(readable) + tuple(writable):
+            if is_beneath(g, s) and os.path.lexists(s):
+                from .errors import PolicyError
+                raise PolicyError(f"{g} is a secret of a home reached through another mount "
+                                  f"({s}); grant the secret by its own path to share it")
     for s in secrets:
         if not os.path.lexists(s):
             if _beneath_grant(s, wgrants) and not _named_exempt(s, named_write):

@@ -4,6 +4,7 @@ sandboxes share a supervisor), in both protection modes where both apply, each w
 ordinary work beside it that must keep working."""
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -348,3 +349,56 @@ def test_a_home_reached_through_another_mount_keeps_its_secrets(home, mode, tmp_
     assert "Fake User" in r.stdout, r.stderr  # the control: the rest of the home is read
     assert "PRIVATE KEY" not in r.stdout and "aws_secret_access_key" not in r.stdout
     assert [x for x in r.stdout.splitlines() if x.startswith("rc=")] == ["rc=1", "rc=1"]
+
+
+# Review 2026-12-05 (third): what a sandbox leaves behind must not stall or weaken the next.
+def test_a_planted_endless_git_config_is_refused_not_read_forever(home, tmp_path):
+    """A .git/config in a writable grant that reads forever (/proc/self/pagemap) hung
+    every later build of that grant: it is refused at once, with its path."""
+    work = home / "work"
+    (work / "x" / ".git").mkdir(parents=True)
+    os.symlink("/proc/self/pagemap", work / "x" / ".git" / "config")
+    (work / "y" / ".git").mkdir(parents=True)
+    with open(work / "y" / ".git" / "config", "wb") as f:  # sparse: 1 TB to read
+        f.truncate(1 << 40)
+    try:
+        t = time.monotonic()
+        r = cli(home, "run", "-w", str(work), "--", "echo", "built")
+    finally:  # the other tests' grants of /tmp must not meet them
+        shutil.rmtree(work)
+    assert time.monotonic() - t < 30 and r.returncode == 125, r.stderr
+    assert "too large to check for core.hooksPath" in r.stderr and "y/.git" in r.stderr
+    r = cli(home, "run", "-w", str(home / "proj"), "--", "echo", "built")  # the control
+    assert r.stdout == "built\n", r.stderr
+
+
+def test_truncate_of_a_fifo_in_the_workspace_is_einval_and_never_stalls(home):
+    code = ("import os\nos.mkfifo('ff')\ntry:\n    os.truncate('ff', 0)\n"
+            "except OSError as e:\n    print(e.errno)\nopen('after', 'w').write('ok')\n"
+            "print(open('after').read())\n")
+    r = cli(home, "run", "--workdir", ".", "--workspace-backend", "seccomp", "--on-exit",
+            "abort", "--", "/usr/bin/python3", "-c", code)
+    assert r.stdout.split() == ["22", "ok"], (r.stdout, r.stderr)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_secret_s_other_mount_is_not_granted_and_not_looked_at(home, mode, tmp_path):
+    alias = tmp_path / "sshalias"
+    alias.mkdir()
+    subprocess.run(["mount", "--bind", str(home / ".ssh"), str(alias)], check=True)
+    try:
+        r = cli(home, "run", "-r", str(alias), "--", "cat", str(alias / "id_ed25519"),
+                mode=mode)
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
+    assert r.returncode == 125 and "PRIVATE KEY" not in r.stdout, (r.stdout, r.stderr)
+    assert "reached through another mount" in r.stderr
+    # through a workdir symlink the supervisor looks for the sandbox: never at a secret
+    (home / ".netrc").write_text("machine x password SECRETSECRETSECRET\n")
+    r = cli(home, "run", "-w", str(home), "--workspace-backend", "seccomp", "--workdir", ".",
+            "--on-exit", "abort", "--", "sh", "-c",
+            "ln -s .. up; echo x > f; stat -c %s up/.netrc; echo rc=$?; stat -c %s up/.gitconfig",
+            mode=mode)
+    sizes = r.stdout.split()
+    assert "38" not in sizes and "rc=1" in sizes and len(sizes) == 2, (r.stdout, r.stderr)

@@ -408,8 +408,15 @@ def truncate(req, session):
             raise OSError(errno.ENOENT, "No such file or directory")
         quota(session)
         loc = session.cow.copy_up(loc)
-        fd = session.cow.open_real(loc.real, os.O_WRONLY)
+        try:  # never waiting for a FIFO's reader (the layer's lock is held)
+            fd = session.cow.open_real(loc.real, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # a FIFO without a reader
+                raise OSError(errno.EINVAL, "Invalid argument") from None
+            raise
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # the kernel's answer for those
+                raise OSError(errno.EINVAL, "Invalid argument")
             if loc.kind == OUTSIDE:
                 _refuse_protected(session, os.fstat(fd), loc.real, True)
             os.ftruncate(fd, length)

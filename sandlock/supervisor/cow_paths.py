@@ -87,6 +87,13 @@ def _outside_real(req: Request, path: str, follow: bool) -> str:
     return real
 
 
+def _hidden(session, real: str) -> None:
+    """A secret the protection of the user's files hides (reached from the workdir)."""
+    prot = session.protection
+    if prot is not None and any(is_beneath(real, h) for h in prot.hidden):
+        raise Denied(errno.EACCES, f"{real} is a secret (hidden from sandboxes)")
+
+
 def _outside(session, real: str, write: bool) -> str:
     """`real` (resolved, outside the workdir) if the sandbox's own rules let it be reached:
     the test Landlock applies to the sandbox itself, and the protection of the user's files
@@ -95,11 +102,10 @@ def _outside(session, real: str, write: bool) -> str:
     policy = session.policy
     if any(is_beneath(real, d) for d in policy.fs_denied):
         raise Denied(errno.EACCES, f"{real} is in fs_denied")
+    _hidden(session, real)
     prot = session.protection
-    if prot is not None:
-        why = prot.refusal(real) if write else next(
-            (f"{real} is a secret (hidden from sandboxes)" for h in prot.hidden
-             if is_beneath(real, h)), None)
+    if write and prot is not None:
+        why = prot.refusal(real)
         if why is not None:
             raise Denied(errno.EACCES, why)
     grants = policy.fs_writable if write else policy.fs_writable + policy.fs_readable
@@ -131,7 +137,10 @@ def located(session, req: Request, rel: str, follow: bool, write: bool,
         real = _outside_real(req, loc.real, follow)
         back = layer.relative(real)
         if back is None:
-            return Loc(OUTSIDE, real if inspect else _outside(session, real, write))
+            if inspect:  # Landlock does not govern looks; a secret's cover does (mounts)
+                _hidden(session, real)
+                return Loc(OUTSIDE, real)
+            return Loc(OUTSIDE, _outside(session, real, write))
         rel = back
     raise OSError(errno.ELOOP, "Too many levels of symbolic links")
 
