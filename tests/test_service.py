@@ -695,32 +695,27 @@ def test_a_caller_state_the_service_cannot_take_falls_back(env, tmp_path):
     assert r.returncode == direct.returncode, (r.stderr, direct.stderr)
 
 
-def _log(env) -> str:
-    try:
-        with open(os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "service.log")) as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
-
-
-def test_a_build_ahead_that_reads_past_its_bound_is_abandoned_not_weakened(env, tmp_path):
-    """(review 2026-12-05) A file the build opens but the recording cannot keep (over its
-    bound: a padded ~/.gitconfig naming core.hooksPath) was left out of the build and
-    the sandbox prepared without the hooks' protection. The preparation is abandoned:
-    every call keeps the hooks directory from being created."""
+def test_a_padded_git_config_is_refused_never_left_out(env, tmp_path):
+    """(review 2026-12-05) A file the build opens but could not keep whole (a padded
+    ~/.gitconfig naming core.hooksPath) was left out of a sandbox built ahead, which then
+    lacked the hooks' protection. A git config over 1 MiB is now refused by every build,
+    served or in-process, ahead or not: nothing runs, the hooks directory never appears."""
     home, proj = tmp_path / "home", tmp_path / "home" / "proj"
     (proj / ".git").mkdir(parents=True)
     (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {proj}/hooks\n"
                                      + "#" * (1 << 20) + "\n")
     env = dict(env, HOME=str(home))
-    for i in range(6):
+    for _ in range(5):
         r = client(env, "run", "-w", str(proj), "--", "sh", "-c",
-                   f"mkdir {proj}/made{i} && mkdir {proj}/hooks && echo WROTE", debug=True)
-        assert "WROTE" not in r.stdout, r.stderr
-        assert (proj / f"made{i}").is_dir(), r.stderr  # the control
+                   f"mkdir {proj}/hooks && echo WROTE", debug=True)
+        assert "WROTE" not in r.stdout and r.returncode == 125, r.stderr
+        assert "too large to check for core.hooksPath" in r.stderr, r.stderr
         time.sleep(0.3)
     assert not (proj / "hooks").exists()
-    assert "abandoned" in _log(env) and "over 1048576 bytes" in _log(env), _log(env)
+    (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {proj}/hooks\n")  # control
+    r = client(env, "run", "-w", str(proj), "--", "sh", "-c",
+               f"mkdir {proj}/made && mkdir {proj}/hooks; echo rc=$?")
+    assert (proj / "made").is_dir() and not (proj / "hooks").exists(), r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a bind mount")
