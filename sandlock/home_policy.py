@@ -22,6 +22,7 @@ import os
 import stat
 from dataclasses import dataclass
 
+from . import mountinfo
 from ._kernel.fileops import open_regular, read_regular
 from .fs_rules import is_beneath
 
@@ -98,26 +99,14 @@ def homes(home_dir: str | None = None) -> list[str]:
     return out
 
 
-def _mount_rows() -> list[list[bytes]]:
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            return [line.split() for line in f]
-    except OSError:
-        return []
-
-
-def _mounts_of(dev: int, rows) -> list[tuple[str, str]]:
-    """(root in the filesystem, mount point) of every mount of device `dev` in `rows`
-    (/proc/self/mountinfo)."""
+def _mounts_of(dev: int, table) -> list[tuple[str, str]]:
+    """(root in the filesystem, mount point) of every mount of device `dev` in `table`
+    (mountinfo.mounts())."""
     key = f"{os.major(dev)}:{os.minor(dev)}"
-
-    def unescape(b: bytes) -> str:  # \040 & co.
-        return os.fsdecode(b.decode("unicode_escape").encode("latin-1") if b"\\" in b else b)
-    return [(unescape(r[3]), unescape(r[4])) for r in rows
-            if len(r) > 4 and r[2].decode() == key]
+    return [(root, point) for d, root, point, _ in table if d == key]
 
 
-def exposures(path: str, rows=None) -> list[tuple[str, str]]:
+def exposures(path: str, table=None) -> list[tuple[str, str]]:
     """Other places the directory `path` (or a directory beneath it) is reached through,
     by another mount of its filesystem (a bind mount of a home elsewhere): (alias, what
     it is): the alias stands for `path` itself, or for a directory beneath it. The plan
@@ -126,7 +115,7 @@ def exposures(path: str, rows=None) -> list[tuple[str, str]]:
         dev = os.stat(path).st_dev
     except OSError:
         return []
-    mounts = _mounts_of(dev, _mount_rows() if rows is None else rows)
+    mounts = _mounts_of(dev, mountinfo.mounts() if table is None else table)
     above = [(root, mp) for root, mp in mounts if is_beneath(path, mp)]
     if not above:
         return []
@@ -389,8 +378,8 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
     grants = _grant_set(tuple(readable) + tuple(writable))
     wgrants = _grant_set(writable)
     all_homes = homes(home_dir)
-    rows = _mount_rows()
-    exposed = [e for h in all_homes for e in exposures(h, rows)]
+    table = mountinfo.mounts()
+    exposed = [e for h in all_homes for e in exposures(h, table)]
     realpath = _Resolver()
     hidden, readonly, guarded = [], [], []
     own = [s for h in all_homes for s in secret_paths(h)]

@@ -299,13 +299,9 @@ _LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", 
 
 def _mounts() -> list[tuple[str, str]]:
     """(mount point, filesystem type) of this process's mounts, longest point first."""
-    out = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields, _, rest = line.partition(b" - ")
-            point = fields.split()[4].decode("unicode_escape")  # \040 & co.
-            out.append((os.fsdecode(point.encode("latin-1")), rest.split()[0].decode()))
-    return sorted(out, key=lambda m: -len(m[0]))
+    from .. import mountinfo
+    return sorted(((point, fs) for _, _, point, fs in mountinfo.mounts()),
+                  key=lambda m: -len(m[0]))
 
 
 def _watch(deps: dict, mounts) -> tuple[int, dict] | None:
