@@ -14,8 +14,8 @@ import sys
 
 EXIT_TIMEOUT = 124
 EXIT_SANDLOCK = 125
-# In a CLI service child: the sandbox it built ahead for these fields, if still the one
-# they build (service/prepared.py), else None.
+# In a CLI service child: (sandbox, timeout, lines, notes) built ahead for these
+# arguments, if still what they build (service/prepared.py), else None.
 _prepared = None
 
 
@@ -143,12 +143,13 @@ def _getcwd() -> str | None:
         return None
 
 
-def _sandbox_from_args(a, net_run: bool = False, cmd=None):
-    """Policy file (if any) + flags; `run` and `net-run` differ only in their defaults.
-    Both protect the user's files (home_policy) and grant the command's own toolchain
-    (sandlock.toolchain) unless --strict; -v prints what that added, and why."""
+def _fields_from_args(a, net_run: bool, cmd) -> tuple[dict, dict, float | None, list, list]:
+    """The Sandbox fields the arguments make: the policy file (if any), the flags, the
+    system view and the command's own toolchain (sandlock.toolchain) unless --strict.
+    Returns (fields, the policy file's fields, timeout, lines to tell now, -v notes). It
+    only reads files (a CLI service may compute it ahead: service/prepared.py) — except
+    for net-run, whose default audit log's directory it makes."""
     from .policy_file import load_policy, merge_fields, system_fields
-    from .sandbox import Sandbox
     fields, system, timeout = {}, not a.no_system, a.timeout
     if a.policy and getattr(a, "profile", None):
         from .errors import PolicyError
@@ -165,7 +166,7 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
         timeout = timeout if timeout is not None else prof.timeout
     base = dict(system_fields()) if system else {}
     base["protect_user_files"] = True
-    notes = []
+    said, notes = [], []
     if system and not a.strict and cmd:
         from .toolchain import toolchain_grants
         env = dict(os.environ)
@@ -179,22 +180,41 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
         cwd = cwd and os.path.realpath(cwd)
         home = os.path.realpath(os.path.expanduser("~"))
         if cwd is None:
-            _say("note: the working directory no longer exists: net-run makes no directory "
-                 "writable for it")
+            said.append("note: the working directory no longer exists: net-run makes no "
+                        "directory writable for it")
         elif cwd in (home, "/"):
-            _say(f"note: the working directory {cwd} is {'your home' if cwd == home else '/'}"
-                 f": net-run does not make it writable (pass -w {cwd} to allow that)")
+            said.append(f"note: the working directory {cwd} is "
+                        f"{'your home' if cwd == home else '/'}: net-run does not make it "
+                        f"writable (pass -w {cwd} to allow that)")
         else:
             base = merge_fields(base, {"fs_writable": [cwd]})
         base["private_tmp"] = True  # a TMPDIR of its own, not the host's /tmp
         if not (a.audit or fields.get("audit_log")):
             fields = merge_fields(fields, {"audit_log": _default_audit_path()})
     merged = merge_fields(merge_fields(base, fields), _flag_fields(a))
-    from .errors import PolicyError
-    try:
-        sb = (_prepared and _prepared(merged)) or Sandbox(**merged)
-    except PolicyError as e:
-        raise PolicyError(flag_named(str(e), a, fields)) from None
+    return merged, fields, timeout, said, notes
+
+
+def _sandbox_from_args(a, net_run: bool = False, cmd=None):
+    """The Sandbox of `run`'s or `net-run`'s arguments (they differ only in their
+    defaults), and the run's timeout. Both protect the user's files (home_policy); -v
+    prints what the toolchain grants added, and why. In a CLI service child, a sandbox
+    built ahead from the same arguments is taken if nothing it was built from changed."""
+    ready = _prepared(a, net_run, cmd) if _prepared is not None else None
+    if ready is not None:
+        sb, timeout, said, notes = ready
+        for line in said:
+            _say(line)
+    else:
+        from .errors import PolicyError
+        from .sandbox import Sandbox
+        merged, fields, timeout, said, notes = _fields_from_args(a, net_run, cmd)
+        for line in said:
+            _say(line)
+        try:
+            sb = Sandbox(**merged)
+        except PolicyError as e:
+            raise PolicyError(flag_named(str(e), a, fields)) from None
     if getattr(a, "verbose", False):
         for note in notes:
             _say(note)

@@ -3,6 +3,7 @@ the same results as the in-process CLI, signals, a client or supervisor that die
 use the socket, a stale socket, concurrency; and the CLI test files run through it."""
 
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -625,6 +626,40 @@ def test_a_prepared_sandbox_is_used_only_while_what_it_read_is_unchanged(env, tm
     r = client(dict(env, OTHER="1"), *flags, "cat", str(home / "notes.txt"), debug=True)
     assert r.stdout == "public notes\n", r.stderr
     assert "prepared sandbox not used: another environment" in r.stderr, r.stderr
+
+
+def test_a_prepared_sandbox_follows_the_command_s_toolchain_not_its_arguments(env, tmp_path):
+    """A sandbox is built ahead from the call's options and its command's name: what the
+    command's toolchain is (sandlock.toolchain: its `#!` interpreter's installation,
+    granted) was read from files while building. Another argument is the same build; a
+    script whose interpreter changed since is another: a stale build would lack the new
+    interpreter's grant, and the script would not run. (Installations in the home are
+    granted; the rest of the home is not.)"""
+    home = tmp_path / "home"
+    env = dict(env, HOME=str(home))
+    for tree in ("a", "b"):
+        (home / tree / "bin").mkdir(parents=True)
+        shutil.copy(os.path.realpath("/bin/sh"), home / tree / "bin" / "sh")
+    (home / "work" / "bin").mkdir(parents=True)
+    script = home / "work" / "bin" / "tool"
+    script.write_text(f"#!{home}/a/bin/sh\necho from-$1\n")
+    script.chmod(0o755)
+    deadline, used, n = time.monotonic() + 30, 0, 0
+    while used < 2:  # every call another argument: built ahead all the same
+        n += 1
+        r = client(env, "run", "--", str(script), str(n), debug=True)
+        assert r.stdout == f"from-{n}\n", r.stderr
+        used = used + 1 if "prepared sandbox used" in r.stderr else 0
+        assert time.monotonic() < deadline, r.stderr
+        time.sleep(0.3)
+    time.sleep(1.0)  # the spares have prepared it again
+    script.write_text(f"#!{home}/b/bin/sh\necho from-$1\n")  # the same inode
+    r = client(env, "run", "--", str(script), "new", debug=True)
+    assert r.returncode == 0 and r.stdout == "from-new\n", r.stderr
+    assert f"prepared sandbox not used: {script} changed" in r.stderr, r.stderr
+    (home / "b" / "bin" / "sh").unlink()  # control: b's interpreter is what ran
+    r = client(env, "run", "--", str(script), "gone")
+    assert r.returncode != 0 and "from-" not in r.stdout, r.stderr
 
 
 def test_a_prepared_build_reads_and_never_changes_anything(tmp_path):

@@ -211,8 +211,9 @@ def take_signals(attrs: dict) -> None:
     except where Sandlock installed a handler of its own, as it does in any process."""
     from .._kernel import interrupt
     ignored = attrs["ignored"]
+    kept = (signal.SIGKILL, signal.SIGSTOP, interrupt.installed())
     for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP, interrupt.installed()) or not 0 < sig < 65:
+        if sig in kept or not 0 < sig < 65:
             continue  # the supervisor threads' interrupt signal keeps its handler
         try:
             current = signal.getsignal(sig)

@@ -1,21 +1,23 @@
 """A sandbox built ahead of a call by a waiting CLI-service child, and used only if
 nothing it was built from has changed (server.py starts it; cli._sandbox calls use()).
 
-Why: building a Sandbox — the policy, the protection of the user's files, the Landlock
-ruleset, the seccomp program — is ~3 ms of a warm `sandlock run` (12 -> 9.3 ms), and a spare
-child has nothing to do while it waits. Agents send the same flags from the same
-directory with the same environment call after call. So a spare builds the sandbox of
-the last call the service served, and a call whose inputs are the same gets it, if the
-file system still looks as it did to that build.
+Why: turning a call's arguments into a Sandbox — the policy file, the system view, the
+command's toolchain grants, the protection of the user's files, the Landlock ruleset, the
+seccomp program — is ~4 ms of a warm `sandlock run`, and a spare child has nothing to do
+while it waits. Agents send the same flags from the same directory with the same
+environment call after call, most of them through the same shell. So a spare builds the
+sandbox of the last call the service served, and a call whose inputs are the same gets
+it, if the file system still looks as it did to that build.
 
 What use() checks before a prepared sandbox replaces a new one, each check made on the
 request's own state; any difference, or a check that cannot be made, means a new build,
 exactly as without this module:
-  1. The inputs, compared whole: the merged policy fields (flags, policy file, toolchain
-     grants: everything Sandbox(**fields) is given), the environment, the working
-     directory (device and inode), and this process's attributes (peer._attributes:
-     limits, umask, affinity...). Credentials, namespaces and confinement are the
-     service's in both cases (peer.inspect).
+  1. The inputs, compared whole: the parsed arguments (every option, and the command's
+     name: its arguments build nothing), the environment, the working directory (device
+     and inode, and its path), and this process's attributes (peer._attributes: limits,
+     umask, affinity...). Credentials, namespaces and confinement are the service's in
+     both cases (peer.inspect). What the arguments build from besides — the policy file,
+     the toolchain found for the command, the home — is read from files: 2.
   2. The file system, as the build saw it. While building, every os.stat / lstat /
      access / readlink is recorded with its result (the os module's functions are
      wrapped: os.path, glob and the rest call them at run time), and through a Python
@@ -34,7 +36,8 @@ exactly as without this module:
      build over PREPARE_LIMIT; the preparation is abandoned: the spare exits rather than serve
      with whatever state the refusal left, and the service does not try that call's
      inputs again (server.py). Fields with side effects known in advance (a workspace, a
-     private /tmp, the HTTP filter, credentials, an audit log, explain) are not tried.
+     private /tmp, the HTTP filter, credentials, an audit log, explain) are not tried, nor
+     is net-run (its defaults are a private /tmp and an audit log).
 (Raw system calls made through ctypes raise no audit event: the build's own, which make
 kernel objects only — the Landlock ruleset, a memfd for the BPF program.)
 Invariant: a prepared Sandbox is used at most once, and only after 1-3 passed at that
@@ -72,10 +75,18 @@ _QUIET = frozenset({"import", "compile", "exec", "marshal.loads", "marshal.load"
 _EFFECTS = ("workdir", "private_tmp", "http_allow", "http_deny", "http_auth", "http_ca",
             "http_key", "http_inject_ca", "http_ca_out", "credentials", "credential_env",
             "audit_log", "explain", "report_only")
+# The options that set those fields (a policy file may set them too: _EFFECTS, below).
+_OPTION_EFFECTS = ("workdir", "http_allow", "http_deny", "http_ca", "http_key",
+                   "http_inject_ca", "http_ca_out", "credential", "credential_env",
+                   "http_auth", "audit", "explain", "report_only", "interactive")
 _WRAPPED = ("stat", "lstat", "access", "readlink", "open")
 
 REPORT: socket.socket | None = None  # to the service: the inputs of each call served
 _ready: "_Prepared | None" = None
+# The caller's attributes as peer.inspect read them, which this process took on
+# (peer.take_on) before the CLI runs: _attributes() would read them again.
+CALLER: "dict | None" = None
+_after: "tuple | None" = None  # use()'s: the call's key, the prepared sandbox checked
 _recording: "_Recorder | None" = None
 abandoned = ""  # what made prepare() give up (for the service's log)
 _hooked = False
@@ -261,22 +272,24 @@ def _wrapper(name: str):
 
 
 class _Prepared:
-    def __init__(self, merged, env, cwd, attrs, sb, watch: int, redo: dict):
-        self.merged, self.env, self.cwd, self.attrs = merged, env, cwd, attrs
-        self.sb, self.watch, self.redo = sb, watch, redo
+    def __init__(self, key, env, cwd, attrs, built, watch: int, redo: dict):
+        self.key, self.env, self.cwd, self.attrs = key, env, cwd, attrs
+        self.built, self.watch, self.redo = built, watch, redo
 
-    def stale(self, merged) -> str | None:
-        """Why this sandbox is not the one `merged` would build now, or None."""
+    def stale(self, key) -> str | None:
+        """Why this sandbox is not the one `key`'s call would build now, or None."""
         try:
-            if merged != self.merged:
-                return "other policy fields (" + ", ".join(sorted(
-                    k for k in {*merged, *self.merged}
-                    if merged.get(k) != self.merged.get(k))) + ")"
+            if key != self.key:
+                if key[1:] != self.key[1:]:
+                    return "another command or subcommand"
+                mine, theirs = dict(key[0]), dict(self.key[0])
+                return "other options (" + ", ".join(sorted(
+                    k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))) + ")"
             if dict(os.environ) != self.env:
                 return "another environment"
             if (_cwd(), os.getcwd()) != self.cwd:  # the object, and the path the build
                 return "another working directory"  # used (bind mounts: one, two paths)
-            if _attributes() != self.attrs:
+            if (CALLER if CALLER is not None else _attributes()) != self.attrs:
                 return "other process attributes"
             if select.select([self.watch], [], [], 0)[0]:
                 return "a directory it read changed"
@@ -362,10 +375,19 @@ def _attributes() -> dict:
     return attrs
 
 
-def _preparable(merged: dict, env: dict) -> bool:
+def _key(a, net_run: bool, cmd) -> tuple:
+    """What of a call's arguments its sandbox is built from: every option, and the
+    command's name (sandlock.toolchain looks it up); its arguments build nothing."""
+    return (tuple(sorted((k, v) for k, v in vars(a).items() if k != "cmd")), net_run,
+            tuple(cmd[:1]))
+
+
+def _preparable(key: tuple, env: dict) -> bool:
     # HOME: the home is read from it (os.path.expanduser), never from the user database,
-    # which no recorded call reads.
-    return bool(env.get("HOME")) and not any(merged.get(k) for k in _EFFECTS)
+    # which no recorded call reads. net-run: its defaults have effects (above).
+    opts = dict(key[0])
+    return (bool(env.get("HOME")) and not key[1] and bool(key[2])
+            and not any(opts.get(k) for k in _OPTION_EFFECTS))
 
 
 @contextlib.contextmanager
@@ -393,10 +415,13 @@ def prepare(payload: bytes) -> bool:
     as report() sent them), recording what the build read. False if the build did
     something a prepared build may not: the caller must exit, not serve."""
     global _ready
-    merged, env, cwd = pickle.loads(payload)
-    if not _preparable(merged, env):
+    key, env, cwd = pickle.loads(payload)
+    if not _preparable(key, env):
         return True
+    import argparse
+    from .. import cli
     from ..sandbox import Sandbox
+    a = argparse.Namespace(**dict(key[0]), cmd=list(key[2]))
     saved = dict(os.environ)
     try:
         os.chdir(cwd)
@@ -404,7 +429,7 @@ def prepare(payload: bytes) -> bool:
         return True
     os.environ.clear()
     os.environ.update(env)
-    sb = None
+    built = None
     try:
         where, attrs = (_cwd(), os.getcwd()), _attributes()
         with recording() as rec:
@@ -414,11 +439,14 @@ def prepare(payload: bytes) -> bool:
             # Again and again: a build that caught the first refusal may block once more.
             signal.setitimer(signal.ITIMER_REAL, PREPARE_LIMIT, PREPARE_LIMIT)
             try:
-                sb = Sandbox(**merged)
-                sb.degradations  # noqa: B018 (builds the ruleset and the filter)
-                sb.notices  # noqa: B018
+                merged, _, timeout, said, notes = cli._fields_from_args(a, key[1], a.cmd)
+                if not any(merged.get(k) for k in _EFFECTS):
+                    sb = Sandbox(**merged)
+                    sb.degradations  # noqa: B018 (builds the ruleset and the filter)
+                    sb.notices  # noqa: B018
+                    built = (sb, timeout, said, notes)
             except Exception:
-                sb = None  # refused (the call will say why itself), or our refusal: below
+                built = None  # refused (the call will say why itself), or our refusal: below
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, old)
@@ -426,7 +454,7 @@ def prepare(payload: bytes) -> bool:
             global abandoned
             abandoned = rec.refused
             return False
-        if sb is None:
+        if built is None:
             return True
         # Mount changes raise no inotify event: the table is compared at use.
         rec.deps.setdefault(("O", "/proc/self/mountinfo", 0),
@@ -446,7 +474,7 @@ def prepare(payload: bytes) -> bool:
         if moved:
             os.close(watched[0])
             return True
-        _ready = _Prepared(merged, env, where, attrs, sb, *watched)
+        _ready = _Prepared(key, env, where, attrs, built, *watched)
         return True
     finally:
         os.environ.clear()
@@ -463,13 +491,13 @@ def discard() -> None:
         ready.close()
 
 
-def report(merged: dict) -> None:
+def report(key: tuple) -> None:
     """In a serving child: tell the service this call's inputs (the next spares prepare
     them). Never waits: a full socket or large inputs skip it."""
-    if REPORT is None or not _preparable(merged, dict(os.environ)):
+    if REPORT is None or not _preparable(key, dict(os.environ)):
         return
     try:
-        payload = pickle.dumps((merged, dict(os.environ), os.getcwd()))
+        payload = pickle.dumps((key, dict(os.environ), os.getcwd()))
         if len(payload) <= MAX_REPORT:
             REPORT.send(b"R" + payload, socket.MSG_DONTWAIT)
     except (OSError, pickle.PicklingError):
@@ -485,16 +513,28 @@ def refused(payload: bytes) -> None:
             pass
 
 
-def use(merged: dict):
-    """cli._sandbox in a serving child: the prepared Sandbox if it is the one `merged`
-    builds now, else None (the caller builds one). Reports the call either way."""
-    global _ready
+def use(a, net_run: bool, cmd):
+    """cli._sandbox_from_args in a serving child: (sandbox, timeout, lines to tell, -v
+    notes) built ahead, if that is what these arguments build now, else None (the caller
+    builds one). The call is reported, and the inotify descriptor closed, by after_call():
+    neither is the caller's to wait for (closing one waits for the kernel's RCU grace)."""
+    global _ready, _after
     ready, _ready = _ready, None
-    report(merged)
-    why = "none prepared" if ready is None else ready.stale(merged)
-    if ready is not None:
-        ready.close()
+    key = _key(a, net_run, cmd)
+    why = "none prepared" if ready is None else ready.stale(key)
+    _after = (key, ready)
     if os.environ.get("SANDLOCK_SERVICE_DEBUG"):
         print(f"sandlock: service: prepared sandbox "
               f"{'used' if why is None else 'not used: ' + why}", file=sys.stderr)
-    return ready.sb if why is None else None
+    return ready.built if why is None else None
+
+
+def after_call() -> None:
+    """In a serving child, once its client has the exit status: what use() left."""
+    global _after
+    after, _after = _after, None
+    if after is not None:
+        key, ready = after
+        report(key)
+        if ready is not None:
+            ready.close()

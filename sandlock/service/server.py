@@ -36,6 +36,7 @@ started meanwhile exits; a socket left by a dead one is replaced), service.log.
 
 from __future__ import annotations
 
+import _thread
 import fcntl
 import os
 import select
@@ -177,6 +178,8 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
         if why is not None:
             conn.send(b"F" + why.encode()[:400])
             return True
+        prepared.CALLER = {k: v for k, v in attrs.items()
+                           if k not in ("ignored", "blocked", "client")}
         conn.send(b"A")  # its "go" is awaited in _run, after this process is set up
         ready = fds
         fds = []
@@ -191,8 +194,7 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
         os.fchdir(ready[3])
         for fd in ready:
             os.close(fd)
-        os.environ.clear()
-        os.environ.update(dict(e.split("=", 1) for e in req["env"] if "=" in e))
+        _take_environment(dict(e.split("=", 1) for e in req["env"] if "=" in e))
         peer.take_signals(attrs)
     except Exception as e:  # an environment the process cannot take (a name with "="...)
         try:
@@ -203,6 +205,16 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
         return True
     _run(conn, req["argv"])
     return True
+
+
+def _take_environment(env: dict[str, str]) -> None:
+    """os.environ becomes `env`, changing only what differs (the service's own, which
+    this process has, is mostly the caller's)."""
+    for name in [n for n in os.environ if n not in env]:
+        del os.environ[name]
+    for name, value in env.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _run(conn: socket.socket, argv: list[str]) -> None:
@@ -233,8 +245,10 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if m[:1] == b"S" and len(m) >= 2:
                 os.kill(os.getpid(), m[1])
-    # Started before the "go" is read: its start overlaps the client's answer.
-    threading.Thread(target=relay, daemon=True).start()
+    # Started before the "go" is read: its start overlaps the client's answer. A bare
+    # thread: threading.Thread.start() waits for it to run (~0.3 ms here); this process
+    # exits with os._exit, and joins no thread.
+    _thread.start_new_thread(relay, ())
     went.wait(REPLY_WAIT + 1.0)  # bounded by the socket's timeout; this one is a backstop
     if go != [b"G"]:
         try:  # the client, if still there, falls back: nothing ran
@@ -265,11 +279,21 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    # The caller's stdio let go before its status: a caller reading our stdout to its
+    # end (a pipe) would otherwise wait for this process's exit, not the command's.
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
     done.set()
     try:
         conn.send(b"X" + struct.pack("<i", status))
     except OSError:
         pass
+    prepared.after_call()
 
 
 WARM_RUNS = (["run", "--", "/bin/true"], ["net-run", "--", "/bin/true"])
@@ -319,17 +343,18 @@ def _warm_caches() -> None:
     """Fill this process's caches that requests read (the filter compiler's) by building,
     never starting, the sandboxes of WARM_RUNS. Re-run now and then: what is built
     depends on the machine (the root-only files' scan, redone by every request anyway)."""
-    from ..cli import _sandbox_from_args
+    from ..cli import _fields_from_args
     from ..cli_parser import build
     from ..errors import SandlockError
+    from ..sandbox import Sandbox
     cwd = os.open(".", os.O_PATH)
     try:
         os.chdir("/")
         for argv in WARM_RUNS:
             a, _ = build(argv[0]).parse_known_args(argv)
             try:
-                sb, _ = _sandbox_from_args(a, argv[0] == "net-run", argv[2:])
-                sb.degradations  # noqa: B018 (compiles the ruleset and the filter)
+                merged, *_ = _fields_from_args(a, argv[0] == "net-run", argv[2:])
+                Sandbox(**merged).degradations  # noqa: B018 (compiles the ruleset, filter)
             except SandlockError:
                 pass
     finally:
