@@ -7,7 +7,6 @@ in which case nothing ran.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -660,6 +661,75 @@ def test_a_prepared_sandbox_follows_the_command_s_toolchain_not_its_arguments(en
     (home / "b" / "bin" / "sh").unlink()  # control: b's interpreter is what ran
     r = client(env, "run", "--", str(script), "gone")
     assert r.returncode != 0 and "from-" not in r.stdout, r.stderr
+
+
+def _until_prepared(env, *args, expect: str):
+    """Calls with these arguments until two in a row got a sandbox built ahead."""
+    deadline, used = time.monotonic() + 30, 0
+    while used < 2:
+        r = client(env, *args, debug=True)
+        assert r.stdout == expect, r.stderr
+        used = used + 1 if "prepared sandbox used" in r.stderr else 0
+        assert time.monotonic() < deadline, r.stderr
+        time.sleep(0.3)
+    time.sleep(1.0)  # the spares have prepared it again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's sandboxes deny root-only files")
+def test_a_file_made_root_only_since_the_build_ahead_is_denied(env):
+    """(review 2026-12-05, of the builds ahead covering the system view) The scan of
+    root-only files under /etc is the service's, cached: a build ahead read nothing of
+    it, and a file made root-only since stayed readable through that build. The scan's
+    answer is now part of what is compared at use."""
+    # in a directory of its own, which no build reads (a build's own reads are watched)
+    d = f"/etc/sandlock-test-{uuid.uuid4().hex[:8]}"
+    os.mkdir(d)
+    secret = f"{d}/secret"
+    with open(secret, "w") as f:
+        f.write("topsecret\n")
+    os.chmod(secret, 0o644)
+    try:
+        _until_prepared(env, "run", "--", "cat", secret, expect="topsecret\n")
+        os.chmod(secret, 0o600)
+        r = client(env, "run", "--", "cat", secret, debug=True)
+        assert "topsecret" not in r.stdout and r.returncode != 0, r.stderr
+        assert "prepared sandbox not used: root_only.files changed" in r.stderr, r.stderr
+        assert in_process(env, "run", "--", "cat", secret).returncode != 0  # the same
+    finally:
+        shutil.rmtree(d)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="adds a user")
+def test_a_user_s_home_changed_since_the_build_ahead_is_followed(env, tmp_path):
+    """(review 2026-12-05) A policy's `~user` path is looked up in the user database,
+    which libc reads unseen by the recording: a build ahead kept granting the old home.
+    The lookup's answer is now compared at use."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    for d in (old, new):
+        (d / "data").mkdir(parents=True)
+        (d / "data" / "f").write_text(f"{d.name}\n")
+    user = f"sl{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-M", "-d", str(old), user], check=True)
+    try:
+        policy = tmp_path / "p.yaml"
+        policy.write_text(f"version: 1\nfilesystem: {{read: ['~{user}/data']}}\n")
+        args = ("run", "--policy", str(policy), "--", "cat")
+        _until_prepared(env, *args, str(old / "data" / "f"), expect="old\n")
+        # Written in place, as an editor or `cat >` would: no entry of /etc changes
+        # (usermod's rename would be seen by the watch on /etc, if a build read there).
+        with open("/etc/passwd", "r+") as f:
+            lines = f.read().splitlines(keepends=True)
+            f.seek(0)
+            f.write("".join(line.replace(f":{old}:", f":{new}:") if
+                            line.startswith(user + ":") else line for line in lines))
+            f.truncate()
+        r = client(env, *args, str(old / "data" / "f"), debug=True)
+        assert "old" not in r.stdout and r.returncode != 0, r.stderr
+        assert "prepared sandbox not used" in r.stderr, r.stderr
+        r = client(env, *args, str(new / "data" / "f"))  # control: the new home is granted
+        assert r.stdout == "new\n", r.stderr
+    finally:
+        subprocess.run(["userdel", user], check=True)
 
 
 def test_a_prepared_build_reads_and_never_changes_anything(tmp_path):

@@ -30,6 +30,11 @@ exactly as without this module:
      may be queued, and what inotify cannot vouch for is redone and compared — contents
      read, files of several links, /proc and /sys, the mount table, anything on a
      filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere).
+     Besides files, two answers a build takes from elsewhere are recorded as it got them
+     and asked again at use (_ASKED): the user database (pwd: a policy's `~user`
+     path, a git config's hooks path), which libc reads unaudited, and the scan of
+     root-only files under /etc (root_only.files: cached by the service, and revalidated
+     by that module's own watches and age bound).
   3. Nothing else. Any other audited event while building — a write of any kind, a
      process started, a socket, a library loaded, an fd-relative call, an open of
      something that may block (a FIFO) — is refused (the operation raises), and so is a
@@ -158,7 +163,7 @@ def _listed(path):
 
 def _redo(dep: tuple):
     """What the call `dep` observes now (deps: ("S", path, follow), ("A", path, args,
-    kw), ("R", path), ("O", path, open kind), ("L", path))."""
+    kw), ("R", path), ("O", path, open kind), ("L", path), ("Q", name, args))."""
     k = dep[0]
     if k == "S":
         return _stat(dep[1], dep[2])
@@ -168,7 +173,17 @@ def _redo(dep: tuple):
         return _listed(dep[1])
     if k == "A":
         return _call(_REAL["access"], dep[1], *dep[2], **dict(dep[3]))
+    if k == "Q":
+        return _asked(dep[1], dep[2])
     return _call(_REAL["readlink"], dep[1])
+
+
+def _asked(name: str, args: tuple):
+    """The answer of _ASKED[name](*args) now, as a dependency's value."""
+    try:
+        return ("ok", tuple(_ASKED[name][1](*args)))
+    except (KeyError, OSError) as e:
+        return ("err", type(e).__name__, str(e))
 
 
 class _Recorder:
@@ -271,6 +286,41 @@ def _wrapper(name: str):
     return wrapped
 
 
+def _asking(name: str):
+    """_ASKED[name]'s function for the build: its answer recorded (a "Q" dependency)."""
+    real = _ASKED[name][1]
+
+    def wrapped(*args):
+        rec = _recording
+        if rec is None or not rec.mine():
+            return real(*args)
+        rec.busy = True  # what it reads to answer is not the build's
+        try:
+            value, error = real(*args), None
+        except (KeyError, OSError) as e:
+            value, error = None, e
+        finally:
+            rec.busy = False
+        rec.note(("Q", name, args), ("ok", tuple(value)) if error is None
+                 else ("err", type(error).__name__, str(error)))
+        if error is not None:
+            raise error
+        return value
+    wrapped.__name__ = real.__name__
+    return wrapped
+
+
+def _asked_functions() -> dict:
+    import pwd
+    from .. import root_only
+    return {"pwd.getpwnam": (pwd, pwd.getpwnam), "pwd.getpwuid": (pwd, pwd.getpwuid),
+            "root_only.files": (root_only, root_only.files)}
+
+
+# Answers a build takes from elsewhere than the files it opens: name -> (module, function)
+_ASKED = _asked_functions()
+
+
 class _Prepared:
     def __init__(self, key, env, cwd, attrs, built, watch: int, redo: dict):
         self.key, self.env, self.cwd, self.attrs = key, env, cwd, attrs
@@ -330,6 +380,9 @@ def _watch(deps: dict, mounts) -> tuple[int, dict] | None:
     dirs: set[str] = set()
     redo: dict = {}
     for dep, seen in deps.items():
+        if dep[0] == "Q":  # an answer from elsewhere than a file: asked again
+            redo[dep] = seen
+            continue
         path = os.path.abspath(dep[1])
         real = os.path.realpath(path)
         fs = next((t for point, t in mounts if is_beneath(real, point)), "?")
@@ -401,6 +454,8 @@ def recording():
     rec = _Recorder()
     for name in _WRAPPED:
         setattr(os, name, _wrapper(name))
+    for name, (module, real) in _ASKED.items():
+        setattr(module, real.__name__, _asking(name))
     _recording = rec
     try:
         yield rec
@@ -408,6 +463,8 @@ def recording():
         _recording = None
         for name in _WRAPPED:
             setattr(os, name, _REAL[name])
+        for module, real in _ASKED.values():
+            setattr(module, real.__name__, real)
 
 
 def prepare(payload: bytes) -> bool:
@@ -500,7 +557,7 @@ def report(key: tuple) -> None:
         payload = pickle.dumps((key, dict(os.environ), os.getcwd()))
         if len(payload) <= MAX_REPORT:
             REPORT.send(b"R" + payload, socket.MSG_DONTWAIT)
-    except (OSError, pickle.PicklingError):
+    except Exception:  # OSError, unpicklable options...: not prepared, nothing else
         pass
 
 

@@ -272,6 +272,7 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
         import traceback
         traceback.print_exc()
         status = 1
+    done.set()  # a signal relayed from now on finds the command over: not raised here
     import atexit
     atexit._run_exitfuncs()  # as the in-process CLI's exit runs them, before the status
     for stream in (sys.stdout, sys.stderr):
@@ -288,7 +289,6 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
         os.close(null)
     except OSError:
         pass
-    done.set()
     try:
         conn.send(b"X" + struct.pack("<i", status))
     except OSError:
