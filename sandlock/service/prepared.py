@@ -335,7 +335,7 @@ class _Prepared:
                 mine, theirs = dict(key[0]), dict(self.key[0])
                 return "other options (" + ", ".join(sorted(
                     k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))) + ")"
-            if dict(os.environ) != self.env:
+            if _compared(os.environ) != self.env:
                 return "another environment"
             if (_cwd(), os.getcwd()) != self.cwd:  # the object, and the path the build
                 return "another working directory"  # used (bind mounts: one, two paths)
@@ -426,6 +426,12 @@ def _attributes() -> dict:
     attrs.pop("ignored")
     attrs.pop("blocked")
     return attrs
+
+
+def _compared(env) -> dict:
+    """The environment a build ahead is compared by: all of it but the service's own
+    debugging switch, which only makes the service say what it does."""
+    return {k: v for k, v in env.items() if k != "SANDLOCK_SERVICE_DEBUG"}
 
 
 def _key(a, net_run: bool, cmd) -> tuple:
@@ -531,7 +537,7 @@ def prepare(payload: bytes) -> bool:
         if moved:
             os.close(watched[0])
             return True
-        _ready = _Prepared(key, env, where, attrs, built, *watched)
+        _ready = _Prepared(key, _compared(env), where, attrs, built, *watched)
         return True
     finally:
         os.environ.clear()
