@@ -663,11 +663,11 @@ def test_a_prepared_sandbox_follows_the_command_s_toolchain_not_its_arguments(en
     assert r.returncode != 0 and "from-" not in r.stdout, r.stderr
 
 
-def _until_prepared(env, *args, expect: str):
+def _until_prepared(env, *args, expect: str, **kw):
     """Calls with these arguments until two in a row got a sandbox built ahead."""
     deadline, used = time.monotonic() + 30, 0
     while used < 2:
-        r = client(env, *args, debug=True)
+        r = client(env, *args, debug=True, **kw)
         assert r.stdout == expect, r.stderr
         used = used + 1 if "prepared sandbox used" in r.stderr else 0
         assert time.monotonic() < deadline, r.stderr
@@ -730,6 +730,36 @@ def test_a_user_s_home_changed_since_the_build_ahead_is_followed(env, tmp_path):
         assert r.stdout == "new\n", r.stderr
     finally:
         subprocess.run(["userdel", user], check=True)
+
+
+def test_net_run_is_built_ahead_and_leaves_no_private_tmp_behind(env, tmp_path):
+    """net-run's sandbox (a private /tmp, an audit log) is built ahead too: the private
+    /tmp's root is the sandbox's own, made by the spare, and removed with it — after the
+    run that used it, when newer inputs replace it, when the service stops."""
+    work, base, state = tmp_path / "work", tmp_path / "tmp", tmp_path / "state"
+    for d in (work, base, state):
+        d.mkdir()
+    env = dict(env, TMPDIR=str(base), XDG_STATE_HOME=str(state))  # the service's too
+    script = 'echo hi > "$TMPDIR/f" && cat "$TMPDIR/f" && echo made > made'
+    _until_prepared(env, "net-run", "--", "sh", "-c", script, expect="hi\n", cwd=work)
+    assert (work / "made").read_text() == "made\n"  # net-run's writable working directory
+    assert (state / "sandlock" / "net-run-audit.jsonl").exists()
+    held = [p.name for p in base.iterdir()]  # the spares' (and the service's hidden-file
+    assert any(n.startswith("sandlock-tmp-") for n in held), held  # cover, made once)
+
+    def private_tmps():
+        return [p.name for p in base.iterdir() if p.name.startswith("sandlock-tmp-")]
+    for _ in range(3):  # other inputs: the spares drop what they built for net-run
+        assert client(env, "run", "--", "true", cwd=work).returncode == 0
+        time.sleep(0.5)
+    assert not private_tmps()  # the service still runs
+    _until_prepared(env, "net-run", "--", "sh", "-c", script, expect="hi\n", cwd=work)
+    assert private_tmps()
+    subprocess.run(IN_PROCESS + ["service", "stop"], env=env, capture_output=True, timeout=30)
+    deadline = time.monotonic() + 10
+    while list(base.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(base.iterdir()), list(base.iterdir())  # spares holding one stopped
 
 
 def test_a_prepared_build_reads_and_never_changes_anything(tmp_path):

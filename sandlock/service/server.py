@@ -612,7 +612,10 @@ def serve(idle: float = IDLE) -> int:
                         if _serve_one(conn, started, client, committed, mine):
                             return
             finally:
-                os._exit(0)
+                try:
+                    prepared.discard()  # a sandbox built ahead, unused: its private /tmp
+                finally:
+                    os._exit(0)
         news_r.close()
         news_w.setblocking(False)
         news[pid] = news_w
