@@ -663,11 +663,11 @@ def test_a_prepared_sandbox_follows_the_command_s_toolchain_not_its_arguments(en
     assert r.returncode != 0 and "from-" not in r.stdout, r.stderr
 
 
-def _until_prepared(env, *args, expect: str, **kw):
+def _until_prepared(env, *args, expect: str):
     """Calls with these arguments until two in a row got a sandbox built ahead."""
     deadline, used = time.monotonic() + 30, 0
     while used < 2:
-        r = client(env, *args, debug=True, **kw)
+        r = client(env, *args, debug=True)
         assert r.stdout == expect, r.stderr
         used = used + 1 if "prepared sandbox used" in r.stderr else 0
         assert time.monotonic() < deadline, r.stderr
@@ -732,34 +732,23 @@ def test_a_user_s_home_changed_since_the_build_ahead_is_followed(env, tmp_path):
         subprocess.run(["userdel", user], check=True)
 
 
-def test_net_run_is_built_ahead_and_leaves_no_private_tmp_behind(env, tmp_path):
-    """net-run's sandbox (a private /tmp, an audit log) is built ahead too: the private
-    /tmp's root is the sandbox's own, made by the spare, and removed with it — after the
-    run that used it, when newer inputs replace it, when the service stops."""
-    work, base, state = tmp_path / "work", tmp_path / "tmp", tmp_path / "state"
-    for d in (work, base, state):
-        d.mkdir()
-    env = dict(env, TMPDIR=str(base), XDG_STATE_HOME=str(state))  # the service's too
-    script = 'echo hi > "$TMPDIR/f" && cat "$TMPDIR/f" && echo made > made'
-    _until_prepared(env, "net-run", "--", "sh", "-c", script, expect="hi\n", cwd=work)
-    assert (work / "made").read_text() == "made\n"  # net-run's writable working directory
-    assert (state / "sandlock" / "net-run-audit.jsonl").exists()
-    held = [p.name for p in base.iterdir()]  # the spares' (and the service's hidden-file
-    assert any(n.startswith("sandlock-tmp-") for n in held), held  # cover, made once)
-
-    def private_tmps():
-        return [p.name for p in base.iterdir() if p.name.startswith("sandlock-tmp-")]
-    for _ in range(3):  # other inputs: the spares drop what they built for net-run
-        assert client(env, "run", "--", "true", cwd=work).returncode == 0
-        time.sleep(0.5)
-    assert not private_tmps()  # the service still runs
-    _until_prepared(env, "net-run", "--", "sh", "-c", script, expect="hi\n", cwd=work)
-    assert private_tmps()
-    subprocess.run(IN_PROCESS + ["service", "stop"], env=env, capture_output=True, timeout=30)
-    deadline = time.monotonic() + 10
-    while list(base.iterdir()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not list(base.iterdir()), list(base.iterdir())  # spares holding one stopped
+def test_the_private_tmp_is_made_in_the_caller_s_tmpdir(env, tmp_path):
+    """(review 2026-12-05; pre-existing) net-run's private /tmp was made in the TMPDIR of
+    whoever started the service (tempfile caches it), not the caller's."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    _wait_served(dict(env, TMPDIR=str(first)))  # the service starts with this TMPDIR
+    script = 'echo "$TMPDIR"; echo hi > "$TMPDIR/f" && cat "$TMPDIR/f"'
+    for _ in range(3):
+        r = client(dict(env, TMPDIR=str(second)), "net-run", "--", "sh", "-c", script,
+                   debug=True, cwd=tmp_path)
+        assert "service: accepted" in r.stderr, r.stderr
+        where, hi = r.stdout.splitlines()
+        assert where.startswith(f"{second}/sandlock-tmp-") and hi == "hi", r.stdout
+        time.sleep(0.3)
+    r = in_process(dict(env, TMPDIR=str(second)), "net-run", "--", "sh", "-c", script)
+    assert r.stdout.startswith(f"{second}/sandlock-tmp-"), r.stdout  # the same in process
 
 
 def test_a_prepared_build_reads_and_never_changes_anything(tmp_path):

@@ -30,21 +30,19 @@ exactly as without this module:
      may be queued, and what inotify cannot vouch for is redone and compared — contents
      read, files of several links, /proc and /sys, the mount table, anything on a
      filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere).
-     Besides files, answers a build takes from elsewhere are recorded as it got them and
-     asked again at use (_ASKED): the user database (pwd: a policy's `~user` path, a git
-     config's hooks path), which libc reads unaudited; the scan of root-only files under
-     /etc (root_only.files: cached by the service, and revalidated by that module's own
-     watches and age bound); whether the kernel's audit subsystem is on (an audit log
-     then takes Landlock's own reports).
+     Besides files, two answers a build takes from elsewhere are recorded as it got them
+     and asked again at use (_ASKED): the user database (pwd: a policy's `~user`
+     path, a git config's hooks path), which libc reads unaudited, and the scan of
+     root-only files under /etc (root_only.files: cached by the service, and revalidated
+     by that module's own watches and age bound).
   3. Nothing else. Any other audited event while building — a write of any kind, a
      process started, a socket, a library loaded, an fd-relative call, an open of
      something that may block (a FIFO) — is refused (the operation raises), and so is a
      build over PREPARE_LIMIT; the preparation is abandoned: the spare exits rather than serve
      with whatever state the refusal left, and the service does not try that call's
-     inputs again (server.py). Fields with side effects known in advance (a workspace,
-     the HTTP filter, credentials, explain) are not tried. A private /tmp's root (net-run's
-     default) is made unrecorded: it is the sandbox's own, and removed with it when the
-     sandbox is not used (_OWN); an audit log is opened when the program starts.
+     inputs again (server.py). Fields with side effects known in advance (a workspace, a
+     private /tmp, the HTTP filter, credentials, an audit log, explain) are not tried, nor
+     is net-run (its defaults are a private /tmp and an audit log).
 (Raw system calls made through ctypes raise no audit event: the build's own, which make
 kernel objects only — the Landlock ruleset, a memfd for the BPF program.)
 Invariant: a prepared Sandbox is used at most once, and only after 1-3 passed at that
@@ -79,15 +77,13 @@ _QUIET = frozenset({"import", "compile", "exec", "marshal.loads", "marshal.load"
                     "glob.glob", "glob.glob/2", "fcntl.fcntl"})
 # Fields whose build has effects (directories made, files opened to write, sockets): not
 # prepared (the audit hook would refuse them anyway; this spares a wasted spare).
-# Not among them: a private /tmp, whose root the build makes for the sandbox alone (it
-# goes with the sandbox: _own), and an audit log, opened when the program starts.
-_EFFECTS = ("workdir", "http_allow", "http_deny", "http_auth", "http_ca", "http_key",
-            "http_inject_ca", "http_ca_out", "credentials", "credential_env", "explain",
-            "report_only")
+_EFFECTS = ("workdir", "private_tmp", "http_allow", "http_deny", "http_auth", "http_ca",
+            "http_key", "http_inject_ca", "http_ca_out", "credentials", "credential_env",
+            "audit_log", "explain", "report_only")
 # The options that set those fields (a policy file may set them too: _EFFECTS, below).
 _OPTION_EFFECTS = ("workdir", "http_allow", "http_deny", "http_ca", "http_key",
                    "http_inject_ca", "http_ca_out", "credential", "credential_env",
-                   "http_auth", "explain", "report_only", "interactive")
+                   "http_auth", "audit", "explain", "report_only", "interactive")
 _WRAPPED = ("stat", "lstat", "access", "readlink", "open")
 
 REPORT: socket.socket | None = None  # to the service: the inputs of each call served
@@ -182,14 +178,10 @@ def _redo(dep: tuple):
     return _call(_REAL["readlink"], dep[1])
 
 
-def _frozen(value):
-    return tuple(value) if isinstance(value, tuple) else value  # pwd's entries: tuples
-
-
 def _asked(name: str, args: tuple):
     """The answer of _ASKED[name](*args) now, as a dependency's value."""
     try:
-        return ("ok", _frozen(_ASKED[name][1](*args)))
+        return ("ok", tuple(_ASKED[name][1](*args)))
     except (KeyError, OSError) as e:
         return ("err", type(e).__name__, str(e))
 
@@ -309,7 +301,7 @@ def _asking(name: str):
             value, error = None, e
         finally:
             rec.busy = False
-        rec.note(("Q", name, args), ("ok", _frozen(value)) if error is None
+        rec.note(("Q", name, args), ("ok", tuple(value)) if error is None
                  else ("err", type(error).__name__, str(error)))
         if error is not None:
             raise error
@@ -321,41 +313,12 @@ def _asking(name: str):
 def _asked_functions() -> dict:
     import pwd
     from .. import root_only
-    from .._kernel import audit
     return {"pwd.getpwnam": (pwd, pwd.getpwnam), "pwd.getpwuid": (pwd, pwd.getpwuid),
-            "root_only.files": (root_only, root_only.files),
-            "audit.enabled": (audit, audit.enabled)}
+            "root_only.files": (root_only, root_only.files)}
 
 
 # Answers a build takes from elsewhere than the files it opens: name -> (module, function)
 _ASKED = _asked_functions()
-
-
-def _owned(real):
-    """_OWN's `real` for the build: made unrecorded (nothing read to make it is a
-    dependency, and what it makes is the sandbox's own)."""
-    def made(*args, **kw):
-        rec = _recording
-        if rec is None or not rec.mine():
-            return real(*args, **kw)
-        rec.busy = True
-        try:
-            return real(*args, **kw)
-        finally:
-            rec.busy = False
-    made.__name__ = real.__name__
-    return made
-
-
-def _own_things() -> tuple:
-    from .. import private_tmp
-    return ((private_tmp, private_tmp.PrivateTmp),)
-
-
-# What a build makes for the sandbox alone, removed with it (Sandbox._close): a private
-# /tmp's root (its runs' directories are made when they start). A sandbox built ahead and
-# not used is closed (discard, after_call), so nothing of it outlives the spare.
-_OWN = _own_things()
 
 
 class _Prepared:
@@ -479,9 +442,10 @@ def _key(a, net_run: bool, cmd) -> tuple:
 
 
 def _preparable(key: tuple, env: dict) -> bool:
-    # HOME: the home is read from it (os.path.expanduser), never from the user database.
+    # HOME: the home is read from it (os.path.expanduser), never from the user database,
+    # which no recorded call reads. net-run: its defaults have effects (above).
     opts = dict(key[0])
-    return (bool(env.get("HOME")) and bool(key[2])
+    return (bool(env.get("HOME")) and not key[1] and bool(key[2])
             and not any(opts.get(k) for k in _OPTION_EFFECTS))
 
 
@@ -498,8 +462,6 @@ def recording():
         setattr(os, name, _wrapper(name))
     for name, (module, real) in _ASKED.items():
         setattr(module, real.__name__, _asking(name))
-    for module, real in _OWN:
-        setattr(module, real.__name__, _owned(real))
     _recording = rec
     try:
         yield rec
@@ -508,8 +470,6 @@ def recording():
         for name in _WRAPPED:
             setattr(os, name, _REAL[name])
         for module, real in _ASKED.values():
-            setattr(module, real.__name__, real)
-        for module, real in _OWN:
             setattr(module, real.__name__, real)
 
 
@@ -586,13 +546,12 @@ def prepare(payload: bytes) -> bool:
 
 
 def discard() -> None:
-    """Drop the sandbox built ahead, if any (newer inputs are to be prepared, or this
-    spare exits), with what it made (its kernel objects, its private /tmp's root)."""
+    """Drop the sandbox built ahead, if any (newer inputs are to be prepared); its kernel
+    objects go with it (Confinement.__del__)."""
     global _ready
     ready, _ready = _ready, None
     if ready is not None:
         ready.close()
-        ready.built[0]._close()  # its private /tmp's root, its kernel objects
 
 
 def report(key: tuple) -> None:
@@ -626,7 +585,7 @@ def use(a, net_run: bool, cmd):
     ready, _ready = _ready, None
     key = _key(a, net_run, cmd)
     why = "none prepared" if ready is None else ready.stale(key)
-    _after = (key, ready, why is None)
+    _after = (key, ready)
     if os.environ.get("SANDLOCK_SERVICE_DEBUG"):
         print(f"sandlock: service: prepared sandbox "
               f"{'used' if why is None else 'not used: ' + why}", file=sys.stderr)
@@ -638,9 +597,7 @@ def after_call() -> None:
     global _after
     after, _after = _after, None
     if after is not None:
-        key, ready, used = after
+        key, ready = after
         report(key)
         if ready is not None:
             ready.close()
-            if not used:
-                ready.built[0]._close()

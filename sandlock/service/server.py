@@ -195,7 +195,9 @@ def _serve_one(conn: socket.socket, started: float, client: bytes | None,
         for fd in ready:
             os.close(fd)
         _take_environment(dict(e.split("=", 1) for e in req["env"] if "=" in e))
-        peer.take_signals(attrs)
+        import tempfile
+        tempfile.tempdir = None  # the caller's TMPDIR (a private /tmp is made there), as
+        peer.take_signals(attrs)  # a CLI started by the caller would find it
     except Exception as e:  # an environment the process cannot take (a name with "="...)
         try:
             conn.send(b"F" + f"cannot take the caller's state ({e})".encode()[:400])
@@ -612,10 +614,7 @@ def serve(idle: float = IDLE) -> int:
                         if _serve_one(conn, started, client, committed, mine):
                             return
             finally:
-                try:
-                    prepared.discard()  # a sandbox built ahead, unused: its private /tmp
-                finally:
-                    os._exit(0)
+                os._exit(0)
         news_r.close()
         news_w.setblocking(False)
         news[pid] = news_w
