@@ -1,5 +1,6 @@
 """A sandbox built ahead of a call by a waiting CLI-service child, and used only if
-nothing it was built from has changed (server.py starts it; cli._sandbox calls use()).
+nothing it was built from has changed (server.py starts it; cli._sandbox_from_args
+calls use(); call.py, after_call()).
 
 Why: turning a call's arguments into a Sandbox — the policy file, the system view, the
 command's toolchain grants, the protection of the user's files, the Landlock ruleset, the
