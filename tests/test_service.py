@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from conftest import CLIENT, PY
+from test_explain import kernel_audit  # noqa: F401 (a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -749,6 +750,36 @@ def test_the_private_tmp_is_made_in_the_caller_s_tmpdir(env, tmp_path):
         time.sleep(0.3)
     r = in_process(dict(env, TMPDIR=str(second)), "net-run", "--", "sh", "-c", script)
     assert r.stdout.startswith(f"{second}/sandlock-tmp-"), r.stdout  # the same in process
+
+
+def test_the_service_serves_where_the_kernel_s_audit_stream_is_readable(env, kernel_audit,
+                                                                        tmp_path):
+    """(found 2026-12-05; pre-existing) As root with the audit subsystem on (auditd), the
+    service's warm-up built net-run's sandbox with its audit log, which started the
+    thread reading Landlock's records in the process that forks: it refused to serve, so
+    every call ran in-process and started another service that failed the same way. Now
+    it serves, and a served net-run still has Landlock's own records (--explain)."""
+    deadline = time.monotonic() + 30
+    while True:
+        r = client(env, "run", "--", "true", debug=True)
+        if "service: accepted" in r.stderr:
+            break
+        assert time.monotonic() < deadline, _log(env)
+        time.sleep(0.3)
+    log = tmp_path / "audit.jsonl"
+    r = client(env, "run", "--explain", "--audit", str(log), "--", "cat", "/etc/shadow",
+               debug=True)
+    assert "service: accepted" in r.stderr and r.returncode != 0, r.stderr
+    assert "/etc/shadow" in log.read_text()  # the refusal, recorded
+    assert "started a thread" not in _log(env)
+
+
+def _log(env) -> str:
+    try:
+        with open(os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "service.log")) as f:
+            return f.read()[-2000:]
+    except OSError:
+        return ""
 
 
 def test_a_prepared_build_reads_and_never_changes_anything(tmp_path):

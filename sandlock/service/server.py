@@ -120,6 +120,10 @@ def _warm_caches() -> None:
             a, _ = build(argv[0]).parse_known_args(argv)
             try:
                 merged, *_ = _fields_from_args(a, argv[0] == "net-run", argv[2:])
+                # Not its audit log: where the kernel's audit stream is readable (root,
+                # the audit subsystem on) building one starts the thread reading
+                # Landlock's records, and this process forks. A child reads them.
+                merged.pop("audit_log", None)
                 Sandbox(**merged).degradations  # noqa: B018 (compiles the ruleset, filter)
             except SandlockError:
                 pass
