@@ -93,7 +93,7 @@ def _discard(conn: socket.socket) -> None:
 
 
 def serve_one(conn: socket.socket, started: float, client: bytes | None,
-               committed, mine: tuple | None = None) -> bool:
+              committed, mine: tuple | None = None) -> bool:
     """In a child: one connection. False if nothing of this process changed (a refused
     peer, a malformed request, status, stop): the child then takes the next connection,
     so that connections it refuses cost no warmed child. Otherwise the client's request,

@@ -443,8 +443,8 @@ def _key(a, net_run: bool, cmd) -> tuple:
 
 
 def _preparable(key: tuple, env: dict) -> bool:
-    # HOME: the home is read from it (os.path.expanduser), never from the user database,
-    # which no recorded call reads. net-run: its defaults have effects (above).
+    # HOME: `~` is read from it (os.path.expanduser); `~user` from the user database, an
+    # answer recorded (_ASKED). net-run: its defaults have effects (above).
     opts = dict(key[0])
     return (bool(env.get("HOME")) and not key[1] and bool(key[2])
             and not any(opts.get(k) for k in _OPTION_EFFECTS))
