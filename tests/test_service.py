@@ -362,9 +362,10 @@ def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
 def test_a_sandbox_cannot_tie_up_the_service(env):
     """Connections from a confined process are answered (refused) at once, not held: the
     service's children stay few and a caller is still served meanwhile."""
+    from sandlock.service.server import SPARE
     _wait_served(env)
     service = _service_pid(env)
-    assert _wait_for(lambda: len([p for p in _pids() if _ppid(p) == service]) == 2)
+    assert _wait_for(lambda: len([p for p in _pids() if _ppid(p) == service]) == SPARE)
     time.sleep(1.0)  # the spares' warm-up runs are over
     spares = {p for p in _pids() if _ppid(p) == service}
     hog = ("import socket, sys, time\nheld = []\n"
@@ -522,20 +523,21 @@ def _state(pid):
 def test_the_spare_a_call_used_is_replaced_when_it_ends_not_during_the_next(env):
     """A spare warms itself with a sandbox run, which takes a CPU: the service replaces the
     one a call used as soon as that call ends, so that the next call (an agent's next
-    command) finds two warm spares and nothing warming beside it. Before, the end was seen
-    only at the next call or after up to a second."""
+    command) finds SPARE warm spares and nothing warming beside it. Before, the end was
+    seen only at the next call or after up to a second."""
+    from sandlock.service.server import SPARE
     _wait_served(env)
     service = _service_pid(env)
 
     def live_children():
         return [p for p in _pids() if _ppid(p) == service and _state(p) not in "ZX"]
-    assert _wait_for(lambda: len(live_children()) == 2)
+    assert _wait_for(lambda: len(live_children()) == SPARE)
     before = set(live_children())
     r = client(env, "run", "--", "/bin/true", debug=True)
     assert r.returncode == 0 and "service: accepted" in r.stderr
     ended = time.monotonic()
-    assert _wait_for(lambda: len(live_children()) == 2 and set(live_children()) != before,
-                     timeout=5.0)
+    assert _wait_for(lambda: len(live_children()) == SPARE
+                     and set(live_children()) != before, timeout=5.0)
     assert time.monotonic() - ended < 0.25  # woken by the child's end, not a timer
 
 
