@@ -66,14 +66,19 @@ def _parse(msg: bytes) -> dict:
     return {"kind": kind, "argv": argv, "env": env}
 
 
-def _recv_request(conn: socket.socket):
-    conn.settimeout(REPLY_WAIT)
-    msg, anc, flags, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(NFDS * 4))
+def _passed(anc) -> list[int]:
+    """The fds a message carried (SCM_RIGHTS), now this process's."""
     fds: list[int] = []
     for level, kind, data in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
-    return msg, fds, flags
+    return fds
+
+
+def _recv_request(conn: socket.socket):
+    conn.settimeout(REPLY_WAIT)
+    msg, anc, flags, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(NFDS * 4))
+    return msg, _passed(anc), flags
 
 
 def _discard(conn: socket.socket) -> None:
@@ -86,10 +91,8 @@ def _discard(conn: socket.socket) -> None:
         _, anc, _, _ = conn.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(NFDS * 4))
     except OSError:
         return
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            for fd in struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]):
-                os.close(fd)
+    for fd in _passed(anc):
+        os.close(fd)
 
 
 def serve_one(conn: socket.socket, started: float, client: bytes | None,
