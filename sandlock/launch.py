@@ -19,6 +19,7 @@ import socket
 import struct
 
 from . import libexec
+from ._kernel import mount_ns
 from ._kernel.pidfd import pidfd_getfd, pidfd_open, pidfd_send_signal
 from .confinement import Confinement
 from .errors import ChildError, ForkError, NotifError, SandboxError
@@ -52,6 +53,7 @@ class Spawned:
         self.control = control
         self.exec_error = exec_error
         self._release = release  # a held start: the program waits before its exec
+        self.mount_ns = -1  # its own mount namespace, held (_kernel/mount_ns.py): ours
 
     def release(self) -> None:
         """Let a held program exec (spawn(hold=True)); sets exec_error if the exec failed."""
@@ -200,6 +202,7 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
     pidfd = -1
     passed: list[int] = []
     held = False
+    own_ns = -1
     try:
         pidfd = pidfd_open(pid)
         rec = _read_record(status, SETUP_TIMEOUT, passed)
@@ -223,6 +226,8 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
                 listener = pidfd_getfd(program_fd, rec[1])
             finally:
                 os.close(program_fd)
+        if overlay is not None or conf.protect_fd >= 0:  # it has mounted: past its unshare
+            own_ns = mount_ns.hold(program)
         attach(listener, pid)
         if hold:
             def release(status=status, ack_w=ack_w, discard=False):
@@ -244,10 +249,14 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
                 finally:
                     status.close()
             held, ack_w = True, -1  # both are the release's now
-            return Spawned(program, pid, pidfd, control, None, release)
-        ack, ack_w = ack_w, -1  # _release closes it
-        return Spawned(program, pid, pidfd, control, _release(status, ack, exe))
+            spawned = Spawned(program, pid, pidfd, control, None, release)
+        else:
+            ack, ack_w = ack_w, -1  # _release closes it
+            spawned = Spawned(program, pid, pidfd, control, _release(status, ack, exe))
+        spawned.mount_ns, own_ns = own_ns, -1
+        return spawned
     except BaseException as e:
+        mount_ns.close_later(own_ns)
         control.close()
         _kill_and_reap(pid, pidfd)
         if isinstance(e, TimeoutError):

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import process_tree
+from ._kernel import mount_ns
 from ._kernel.pidfd import pidfd_send_signal
 from .errors import SandlockError
 from .result import ExitReason, Result
@@ -191,9 +192,16 @@ class Process:
                         cleanup()
                     except OSError:
                         pass
-                if self._workspace is not None:
-                    self._workspace.finish(self._session, status[0] == ExitReason.EXITED
-                                           and status[1] == 0)
+                try:
+                    if self._workspace is not None:
+                        self._workspace.finish(self._session,
+                                               status[0] == ExitReason.EXITED
+                                               and status[1] == 0)
+                finally:
+                    # Its mounts' teardown: after the layer is read and applied, off the
+                    # caller's path (_kernel/mount_ns.py).
+                    mount_ns.close_later(self._spawned.mount_ns)
+                    self._spawned.mount_ns = -1
             return self._status
 
     def _lower_limits(self, memory: int | None = None, processes: int | None = None) -> None:
