@@ -7,7 +7,9 @@ directories): `python3 -c 'import json, email, http.client'` (hundreds of opens 
 almost all outside the workdir: each still makes a supervisor round trip, since seccomp
 cannot filter by path) and `git status --porcelain` (a stat of every tracked file and a
 listing of every directory, all inside the workdir). The COW runs end with ABORT (nothing
-is written back; the layer is discarded), so every run starts from the same tree. Peers
+is written back; the layer is discarded), so every run starts from the same tree. One peer
+is no sandbox at all but the overlay backend's kernel floor: the same overlayfs mount in a
+fresh user + mount namespace, then the command (bench/overlay_floor.c). Peers
 are interleaved round by round; medians of wall time per run (start to exit, as
 `Sandbox.run()` / `subprocess.run()` see it).
 
@@ -51,7 +53,7 @@ def make_repo(root, dirs=100, files=20):
         subprocess.run(cmd, cwd=root, env=env, check=True)
 
 
-def _peers(repo, storage):
+def _peers(repo, storage, floor=None):
     base = {"fs_readable": SYSTEM + [repo], "fs_writable": ["/dev/null"], "cwd": repo,
             "env": GIT_ENV}
     cow = {"fs_readable": SYSTEM, "fs_writable": ["/dev/null"], "cwd": repo, "env": GIT_ENV,
@@ -64,6 +66,10 @@ def _peers(repo, storage):
              "ours, COW `workdir`, overlay backend (ABORT at exit)"),
         Peer("ours_cow_seccomp", "ours", {**cow, "workspace_backend": "seccomp"},
              "ours, COW `workdir`, seccomp backend (ABORT at exit)"),
+        *([Peer("overlay_floor", "plain", {"argv": floor},
+                "overlayfs alone, no sandbox (the backend's kernel floor: "
+                "bench/overlay_floor.c)")]
+          if floor else []),
         Peer("upstream", "upstream", base, f"upstream {UPSTREAM_VERSION}, no COW"),
         Peer("upstream_cow", "upstream", up_cow,
              f"upstream {UPSTREAM_VERSION}, COW `workdir` (ABORT at exit)"),
@@ -72,7 +78,11 @@ def _peers(repo, storage):
 
 def _ask(workers, peer, argv, repo):
     if peer.policy is None:
-        return workers["plain"].ask({"op": "subprocess_run", "argv": argv, "cwd": repo})
+        return workers["plain"].ask({"op": "subprocess_run", "argv": argv, "cwd": repo,
+                                     "env": GIT_ENV})
+    if peer.name == "overlay_floor":
+        return workers["plain"].ask({"op": "subprocess_run", "argv": peer.policy["argv"] + argv,
+                                     "cwd": repo, "env": GIT_ENV})
     return workers[peer.worker].ask({"op": "api_run", "argv": argv, "policy": peer.policy})
 
 
@@ -91,7 +101,8 @@ def run(rounds=6, per_round=10, quick=False, log=lambda s: print(s, file=sys.std
            "repo": "git repository, 100 directories x 20 files"}
     try:
         out["imports"] = check_imports(workers)
-        peers = _peers(repo, storage)
+        floor = _overlay_floor(tmp, repo, log)
+        peers = _peers(repo, storage, floor)
         out["peers"] = {p.name: p.about for p in peers}
         for wname, argv in workloads.items():
             samples, unavailable = {}, {}
@@ -115,6 +126,9 @@ def run(rounds=6, per_round=10, quick=False, log=lambda s: print(s, file=sys.std
                 log(f"  {wname}: {i + 1}/{rounds} rounds")
             out[wname] = {"stats": {n: stats(v) for n, v in samples.items()},
                           "unavailable": unavailable}
+        if floor and os.listdir(floor[2]):
+            raise RuntimeError("cow: the overlayfs-alone peer wrote to its upper directory "
+                               "(its runs are then not alike)")
         leftover = os.listdir(storage) if os.path.isdir(storage) else []
         out["layers_left_behind"] = len(leftover)
         out["fork"] = _fork_rates(workers, rounds, log, tmp)
@@ -123,6 +137,27 @@ def run(rounds=6, per_round=10, quick=False, log=lambda s: print(s, file=sys.std
             w.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _overlay_floor(tmp, repo, log):
+    """bench/overlay_floor.c built for this run, with the upper and work directories every
+    run of it shares (the workloads write nothing, checked at the end): its argv prefix,
+    or None (no C compiler, or no unprivileged overlay mount here)."""
+    exe = os.path.join(tmp, "overlay_floor")
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "overlay_floor.c")
+    cp = subprocess.run(["cc", "-O2", "-o", exe, src], capture_output=True, text=True)
+    if cp.returncode != 0:
+        log(f"  overlayfs alone: not measured (cc: {cp.stderr.strip()[:200]})")
+        return None
+    upper, work = os.path.join(tmp, "floor-upper"), os.path.join(tmp, "floor-work")
+    os.mkdir(upper)
+    os.mkdir(work)
+    argv = [exe, repo, upper, work]
+    cp = subprocess.run(argv + ["true"], cwd=repo, capture_output=True, text=True)
+    if cp.returncode != 0:
+        log(f"  overlayfs alone: not measured ({cp.stderr.strip()[:200]})")
+        return None
+    return argv
 
 
 FORK_N = 1000

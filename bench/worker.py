@@ -7,7 +7,8 @@ one JSON object per line on stdin, one JSON reply per line on stdout:
     {"op": "api_run", "argv": ["/bin/true"], "policy": {"fs_readable": [...]}}
     -> {"ns": 1234567, "ok": true, "err": null}
 
-Timed ops: api_run, subprocess_run, cli_run (needs "cli": the command prefix), bwrap_run,
+Timed ops: api_run, subprocess_run (optional "cwd", and "env": added to the worker's
+own), cli_run (needs "cli": the command prefix), bwrap_run,
 fork (n clones, init_mb of init state) and fork_floor (raw fork + _exit, from this process);
 with "capture": true the reply also has "out", the command's stdout as text. Untimed:
 info (with "policy": also whether our connect() is supervised under it); api_popen and
@@ -81,17 +82,18 @@ def _api(req):
     return (lambda: sb.run(req["argv"])), check
 
 
-def _process(cmd, cwd=None):
+def _process(cmd, cwd=None, env=None):
     def check(cp):
         return None if cp.returncode == 0 else f"exit {cp.returncode}: {_tail(cp.stderr)}"
     # Output captured, as the sandbox APIs' run() do.
+    env = {**os.environ, **env} if env else None
     return (lambda: subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
-                                   cwd=cwd)), check
+                                   cwd=cwd, env=env)), check
 
 
 OPS = {
     "api_run": _api,
-    "subprocess_run": lambda req: _process(req["argv"], req.get("cwd")),
+    "subprocess_run": lambda req: _process(req["argv"], req.get("cwd"), req.get("env")),
     "cli_run": lambda req: _process(_cli_cmd(req)),
     "bwrap_run": lambda req: _process(_bwrap_cmd(req["argv"], req["policy"])),
 }
