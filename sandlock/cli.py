@@ -147,7 +147,7 @@ def _fields_from_args(a, net_run: bool, cmd) -> tuple[dict, dict, float | None, 
     system view and the command's own toolchain (sandlock.toolchain) unless --strict.
     Returns (fields, the policy file's fields, timeout, lines to tell now, -v notes). It
     only reads files (a CLI service may compute it ahead: service/prepared.py) — except
-    for net-run, whose default audit log's directory it makes."""
+    for net-run's first call, which makes its default audit log's directory."""
     from .policy_file import load_policy, merge_fields, system_fields
     fields, system, timeout = {}, not a.no_system, a.timeout
     if a.policy and getattr(a, "profile", None):
@@ -244,7 +244,8 @@ def _protection_notes(policy) -> list[str]:
 def _default_audit_path() -> str:
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     directory = os.path.join(state, "sandlock")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if not os.path.isdir(directory):  # a build ahead looks, never makes (service/prepared)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
     return os.path.join(directory, "net-run-audit.jsonl")
 
 

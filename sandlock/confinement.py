@@ -91,6 +91,22 @@ def _plan(policy: Policy) -> dict[str, int]:
                                     policy.fs_denied, policy.write_excluded)
 
 
+def grant(conf: "Confinement", policy: Policy, path: str) -> None:
+    """`policy` is `conf`'s policy plus a writable `path` made since the build (a private
+    TMPDIR's root: sandbox._private_tmp_now), under no other grant's denied or excluded
+    path. Give `conf` what a build of `policy` would have: `path`'s own rules (a grant's
+    rules are planned from that grant alone, and merged by path) in the ruleset, which no
+    run may have used yet (the rules of a restricted domain are its ruleset's then), its
+    write root for the guard, and the plan of per-run rulesets."""
+    rules = fs_rules.plan_path_rules((), (path,), policy.fs_denied, policy.write_excluded)
+    if conf.ruleset is not None:
+        fs_rules.add_path_rules(conf.ruleset, rules)
+    if conf.guard:
+        conf.write_roots = conf.write_roots | _write_roots(rules, features.detect().landlock_abi)
+    if conf._policy is not None:
+        conf._policy, conf._rules = policy, None
+
+
 def _needs_socket_access(policy: Policy) -> str:
     """What in this policy needs the supervisor to act on the sandbox's sockets ("" if
     nothing): everything but Landlock's TCP port rules and a default-deny of unix sockets."""

@@ -106,6 +106,8 @@ class Sandbox:
                                            compare=False)
     _tmp: Any = field(default=None, init=False, repr=False, compare=False)
     _run_policy: Any = field(default=None, init=False, repr=False, compare=False)
+    # Built ahead (service/prepared.py): the private TMPDIR's root is made at the first run.
+    _tmp_later: bool = field(default=False, init=False, repr=False, compare=False)
     _user_handlers: Any = field(default=None, init=False, repr=False, compare=False)
     _handler_bpf: Any = field(default=None, init=False, repr=False, compare=False)
     _learn_sink: Any = field(default=None, init=False, repr=False, compare=False)
@@ -135,6 +137,7 @@ class Sandbox:
         if self._tmp is not None:
             self._tmp.close()
         object.__setattr__(self, "_tmp", None)
+        object.__setattr__(self, "_tmp_later", False)
         object.__setattr__(self, "_run_policy", None)
         object.__setattr__(self, "_conf", None)
         object.__setattr__(self, "_net", None)
@@ -165,13 +168,18 @@ class Sandbox:
     def policy(self) -> Policy:
         return self._policy
 
-    def _confinement(self) -> _confinement.Confinement:
+    def _confinement(self, private_tmp_later: bool = False) -> _confinement.Confinement:
+        """The kernel objects of this sandbox's runs, built once. `private_tmp_later`: a
+        build ahead (service/prepared.py), which makes nothing: a private TMPDIR's root is
+        then made, and granted, when the first run starts (_private_tmp_now)."""
         conf = self._conf
         if conf is None:
             with _build_lock:
                 if self._conf is None:
                     policy = self._policy
-                    if policy.private_tmp:  # its root exists before Landlock grants it
+                    if policy.private_tmp and private_tmp_later:
+                        object.__setattr__(self, "_tmp_later", True)
+                    elif policy.private_tmp:  # its root exists before Landlock grants it
                         from dataclasses import replace
                         from .private_tmp import PrivateTmp
                         tmp = PrivateTmp()
@@ -190,6 +198,29 @@ class Sandbox:
                     object.__setattr__(self, "_conf", conf)
                 conf = self._conf
         return conf
+
+    def _private_tmp_now(self, conf) -> None:
+        """A sandbox built ahead: its private TMPDIR's root, made now (in this process's
+        TMPDIR, the caller's) and granted as a build with it would have: the same path
+        rules for it alone, added to the ruleset no run has used yet (confinement.grant)."""
+        if not self._tmp_later:
+            return
+        with _build_lock:
+            if not self._tmp_later:
+                return
+            from dataclasses import replace
+            from .private_tmp import PrivateTmp
+            tmp = PrivateTmp()
+            try:
+                policy = self._run_policy
+                policy = replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
+                _confinement.grant(conf, policy, tmp.root)
+            except BaseException:
+                tmp.close()
+                raise
+            object.__setattr__(self, "_tmp", tmp)
+            object.__setattr__(self, "_run_policy", policy)
+            object.__setattr__(self, "_tmp_later", False)
 
     def _route_to_handlers(self, conf) -> None:
         """The program's filter, with the calls of the handled syscalls that the policy
@@ -327,6 +358,7 @@ class Sandbox:
             raise SandlockError("this sandbox holds a run's workdir changes (DEFER): "
                                 "commit() or abort() them before another run")
         conf = self._confinement()
+        self._private_tmp_now(conf)
         policy = self._run_policy  # with its private TMPDIR's root, if any
         net = self._net_state()
         extra = {}

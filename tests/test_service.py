@@ -754,6 +754,38 @@ def test_the_private_tmp_is_made_in_the_caller_s_tmpdir(env, tmp_path):
     assert r.stdout.startswith(f"{second}/sandlock-tmp-"), r.stdout  # the same in process
 
 
+def test_net_run_is_built_ahead_and_its_private_tmp_is_made_by_the_run(env, tmp_path):
+    """net-run's sandbox is built ahead too, without its private /tmp: a spare waiting
+    with it has made nothing in any TMPDIR (review of c7e4899: a root made by the build
+    waited there for minutes, where others can write). The run that uses it makes the
+    root in the caller's TMPDIR and is granted it; it goes when the run is done."""
+    own, caller, work, state = (tmp_path / n for n in ("own", "caller", "work", "state"))
+    for d in (own, caller, work, state):
+        d.mkdir()
+    _wait_served(dict(env, TMPDIR=str(own)))  # the service's own TMPDIR
+    env = dict(env, TMPDIR=str(caller), XDG_STATE_HOME=str(state))
+    script = 'echo "$TMPDIR"; echo hi > "$TMPDIR/f" && cat "$TMPDIR/f" && echo m > made'
+
+    def private_tmps():
+        return [p for d in (own, caller) for p in d.iterdir()
+                if p.name.startswith("sandlock-tmp-")]
+    deadline, used = time.monotonic() + 30, 0
+    while used < 2:
+        r = client(env, "net-run", "--", "sh", "-c", script, debug=True, cwd=work)
+        where, hi = r.stdout.splitlines()
+        assert where.startswith(f"{caller}/sandlock-tmp-") and hi == "hi", r.stdout
+        assert (work / "made").read_text() == "m\n"  # net-run's writable working directory
+        used = used + 1 if "prepared sandbox used" in r.stderr else 0
+        assert time.monotonic() < deadline, r.stderr
+        time.sleep(0.5)
+        assert private_tmps() == []  # gone with its run; none made ahead
+    assert (state / "sandlock" / "net-run-audit.jsonl").exists()
+    r = client(env, "net-run", "--", "sh", "-c", "echo x > /tmp/outside", debug=True,
+               cwd=work)  # the control: its grant is its private /tmp, not the host's
+    assert r.returncode != 0 and "prepared sandbox used" in r.stderr, r.stderr
+    assert "Permission denied" in r.stderr and not os.path.exists("/tmp/outside")
+
+
 def test_the_service_serves_where_the_kernel_s_audit_stream_is_readable(env, kernel_audit,
                                                                         tmp_path):
     """(found 2026-12-05; pre-existing) As root with the audit subsystem on (auditd), the

@@ -31,19 +31,23 @@ exactly as without this module:
      may be queued, and what inotify cannot vouch for is redone and compared — contents
      read, files of several links, /proc and /sys, the mount table, anything on a
      filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere).
-     Besides files, two answers a build takes from elsewhere are recorded as it got them
-     and asked again at use (_ASKED): the user database (pwd: a policy's `~user`
-     path, a git config's hooks path), which libc reads unaudited, and the scan of
-     root-only files under /etc (root_only.files: cached by the service, and revalidated
-     by that module's own watches and age bound).
+     Besides files, answers a build takes from elsewhere are recorded as it got them and
+     asked again at use (_ASKED): the user database (pwd: a policy's `~user` path, a git
+     config's hooks path), which libc reads unaudited; the scan of root-only files under
+     /etc (root_only.files: cached by the service, and revalidated by that module's own
+     watches and age bound); whether the kernel's audit subsystem is on (an audit log
+     then takes Landlock's own reports).
   3. Nothing else. Any other audited event while building — a write of any kind, a
      process started, a socket, a library loaded, an fd-relative call, an open of
      something that may block (a FIFO) — is refused (the operation raises), and so is a
      build over PREPARE_LIMIT; the preparation is abandoned: the spare exits rather than serve
      with whatever state the refusal left, and the service does not try that call's
-     inputs again (server.py). Fields with side effects known in advance (a workspace, a
-     private /tmp, the HTTP filter, credentials, an audit log, explain) are not tried, nor
-     is net-run (its defaults are a private /tmp and an audit log).
+     inputs again (server.py). Fields with side effects known in advance (a workspace,
+     the HTTP filter, credentials, explain) are not tried. net-run is: its private /tmp's
+     root is made by the run that uses the sandbox, in the caller's TMPDIR, and granted
+     then (Sandbox._private_tmp_now: the path rules a build with it has, added to the
+     ruleset before any run restricts itself with it), so nothing waits in a directory
+     others can write; its audit log is opened when the program starts.
 (Raw system calls made through ctypes raise no audit event: the build's own, which make
 kernel objects only — the Landlock ruleset, a memfd for the BPF program.)
 Invariant: a prepared Sandbox is used at most once, and only after 1-3 passed at that
@@ -78,13 +82,15 @@ _QUIET = frozenset({"import", "compile", "exec", "marshal.loads", "marshal.load"
                     "glob.glob", "glob.glob/2", "fcntl.fcntl"})
 # Fields whose build has effects (directories made, files opened to write, sockets): not
 # prepared (the audit hook would refuse them anyway; this spares a wasted spare).
-_EFFECTS = ("workdir", "private_tmp", "http_allow", "http_deny", "http_auth", "http_ca",
-            "http_key", "http_inject_ca", "http_ca_out", "credentials", "credential_env",
-            "audit_log", "explain", "report_only")
+# Not among them: a private /tmp, whose root the first run makes (Sandbox._private_tmp_now),
+# and an audit log, opened when the program starts.
+_EFFECTS = ("workdir", "http_allow", "http_deny", "http_auth", "http_ca", "http_key",
+            "http_inject_ca", "http_ca_out", "credentials", "credential_env", "explain",
+            "report_only")
 # The options that set those fields (a policy file may set them too: _EFFECTS, below).
 _OPTION_EFFECTS = ("workdir", "http_allow", "http_deny", "http_ca", "http_key",
                    "http_inject_ca", "http_ca_out", "credential", "credential_env",
-                   "http_auth", "audit", "explain", "report_only", "interactive")
+                   "http_auth", "explain", "report_only", "interactive")
 _WRAPPED = ("stat", "lstat", "access", "readlink", "open")
 
 REPORT: socket.socket | None = None  # to the service: the inputs of each call served
@@ -179,10 +185,14 @@ def _redo(dep: tuple):
     return _call(_REAL["readlink"], dep[1])
 
 
+def _frozen(value):
+    return tuple(value) if isinstance(value, tuple) else value  # pwd's entries: tuples
+
+
 def _asked(name: str, args: tuple):
     """The answer of _ASKED[name](*args) now, as a dependency's value."""
     try:
-        return ("ok", tuple(_ASKED[name][1](*args)))
+        return ("ok", _frozen(_ASKED[name][1](*args)))
     except (KeyError, OSError) as e:
         return ("err", type(e).__name__, str(e))
 
@@ -302,7 +312,7 @@ def _asking(name: str):
             value, error = None, e
         finally:
             rec.busy = False
-        rec.note(("Q", name, args), ("ok", tuple(value)) if error is None
+        rec.note(("Q", name, args), ("ok", _frozen(value)) if error is None
                  else ("err", type(error).__name__, str(error)))
         if error is not None:
             raise error
@@ -314,8 +324,10 @@ def _asking(name: str):
 def _asked_functions() -> dict:
     import pwd
     from .. import root_only
+    from .._kernel import audit
     return {"pwd.getpwnam": (pwd, pwd.getpwnam), "pwd.getpwuid": (pwd, pwd.getpwuid),
-            "root_only.files": (root_only, root_only.files)}
+            "root_only.files": (root_only, root_only.files),
+            "audit.enabled": (audit, audit.enabled)}
 
 
 # Answers a build takes from elsewhere than the files it opens: name -> (module, function)
@@ -444,9 +456,9 @@ def _key(a, net_run: bool, cmd) -> tuple:
 
 def _preparable(key: tuple, env: dict) -> bool:
     # HOME: `~` is read from it (os.path.expanduser); `~user` from the user database, an
-    # answer recorded (_ASKED). net-run: its defaults have effects (above).
+    # answer recorded (_ASKED).
     opts = dict(key[0])
-    return (bool(env.get("HOME")) and not key[1] and bool(key[2])
+    return (bool(env.get("HOME")) and bool(key[2])
             and not any(opts.get(k) for k in _OPTION_EFFECTS))
 
 
@@ -506,7 +518,8 @@ def prepare(payload: bytes) -> bool:
                 merged, _, timeout, said, notes = cli._fields_from_args(a, key[1], a.cmd)
                 if not any(merged.get(k) for k in _EFFECTS):
                     sb = Sandbox(**merged)
-                    sb.degradations  # noqa: B018 (builds the ruleset and the filter)
+                    sb._confinement(private_tmp_later=True)  # the ruleset, the filter
+                    sb.degradations  # noqa: B018
                     sb.notices  # noqa: B018
                     built = (sb, timeout, said, notes)
             except Exception:
