@@ -107,6 +107,15 @@ WORKFLOWS = {
                           "mkdir build && cd build && cmake .. >/dev/null && make -s && ./hello",
                           ("build/CMakeFiles", "build/CMakeCache.txt", "build/Makefile",
                            "build/cmake_install.cmake")),
+    # A directory of the workdir renamed in the run, then entered or named as a
+    # destination (cp's O_PATH open of it); an O_PATH open of a renamed file.
+    "renamed-dir-entered-and-copied-into": ({"d/x": b"1\n", "f": b"2\n", "src/y": b"3\n"},
+                                           "mv d e && cd e && ls && cd .. && cp f e && "
+                                           "cp -r src e && ls -R e", ()),
+    "o-path-open-after-a-rename": ({"a": b"OLD\n"},
+                                   "mv a b && echo NEW > a && python3 -c \"import os; "
+                                   "fd = os.open('b', os.O_PATH); "
+                                   "print(open(f'/proc/self/fd/{fd}').read(), end='')\"", ()),
     "cd-into-created-symlink": ({}, "mkdir real && ln -s real link && cd link && touch f && "
                                     "ls ../real", ()),
     "rm-mkdir-cd": ({"d/old1": b"1\n", "d/sub/old2": b"2\n"},

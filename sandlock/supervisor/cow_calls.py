@@ -60,7 +60,7 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
         same, target = _object(session, req, dirfd, path, follow)
         if same or target is None:
             return CONTINUE
-        return Reissue({_REGISTERS[path_arg]: os.fsencode(target)},
+        return Reissue({_REGISTERS[path_arg]: _kernel_path(layer, target)},
                        f"open {os.fsdecode(path)} (O_PATH) in the workspace")
     acc = flags & O_ACCMODE
     creat = bool(flags & os.O_CREAT)
@@ -524,7 +524,8 @@ def _in_upper(layer, path: str) -> bool:
 
 
 def _kernel_path(layer, target: str) -> bytes:
-    """How a re-issued exec names `target` so that its second pass continues: the layer's
+    """How a re-issued exec, chdir or O_PATH open names `target` so that its second pass
+    continues: the layer's
     files and outside ones by their real path; a file of the workdir itself (reached
     through a directory renamed in the layer) through /proc/self/root, a spelling the
     layer leaves to the kernel (its real path would be looked up again in the sandbox's
@@ -626,7 +627,7 @@ def chdir(req, session):
         return CONTINUE
     if not os.path.isdir(target):
         raise OSError(errno.ENOTDIR, "Not a directory")
-    return Reissue({"rdi": os.fsencode(target)}, f"chdir to {os.fsdecode(path)}")
+    return Reissue({"rdi": _kernel_path(session.cow, target)}, f"chdir to {os.fsdecode(path)}")
 
 
 # The calls that only look: while the layer holds no change (CowLayer.pristine) the kernel
