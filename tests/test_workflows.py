@@ -116,6 +116,12 @@ WORKFLOWS = {
                                    "mv a b && echo NEW > a && python3 -c \"import os; "
                                    "fd = os.open('b', os.O_PATH); "
                                    "print(open(f'/proc/self/fd/{fd}').read(), end='')\"", ()),
+    # `..` from a working directory removed in the run (the workdir's own, then one made
+    # in the run) still leads to where it was removed from.
+    "dotdot-from-a-removed-cwd": ({"y": b"1\n", "d/s/f": b""},
+                                  "(cd d/s && rm -rf ../../d && ls ../.. && touch ../../x) && "
+                                  "mkdir -p e/s && cd e/s && rmdir ../s ../../e && ls ../.. && "
+                                  "touch ../../z && ls ../..", ()),
     "cd-into-created-symlink": ({}, "mkdir real && ln -s real link && cd link && touch f && "
                                     "ls ../real", ()),
     "rm-mkdir-cd": ({"d/old1": b"1\n", "d/sub/old2": b"2\n"},

@@ -323,6 +323,20 @@ class CowLayer:
         now = self.lower_dir_now(path[len(self.lower) + 1:])
         return self.lower + "/" + now if now else self.lower
 
+    def gone(self, path: str) -> bool:
+        """Is the directory the kernel names `path` (a directory the sandbox holds: its cwd,
+        a directory fd; after lower_path_now) no longer in the sandbox's view?"""
+        if path == self.upper or path.startswith(self.upper + "/"):
+            return not os.path.isdir(path)
+        if not path.startswith(self.lower + "/"):
+            return False
+        with self.lock:
+            try:
+                return self.resolve(path[len(self.lower) + 1:],
+                                    follow_last=False).kind == MISSING
+            except OSError:
+                return True
+
     def _stands_for(self, now: str, rel: str) -> bool:
         """Is the directory at `now` in the sandbox's view the workdir's directory `rel`?"""
         try:

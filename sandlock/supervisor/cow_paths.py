@@ -51,10 +51,23 @@ def spelled(req: Request, dirfd: int, path: bytes, layer=None) -> str:
         base = directory_of(req.pid, dirfd, AT_FDCWD)
     except Unresolvable as e:
         raise Denied(errno.EBADF, str(e)) from None
-    if base.endswith(" (deleted)"):
-        raise OSError(errno.ENOENT, "No such file or directory")  # a removed directory
+    removed = base.endswith(" (deleted)")
+    if removed:
+        base = base[:-len(" (deleted)")]
     if layer is not None:
         base = layer.lower_path_now(base)
+        removed = removed or layer.gone(base)
+    # A removed directory (the layer's, or the workdir's as the sandbox sees it): nothing
+    # can be found or made in it, but `..` still leads to the directory it was removed
+    # from, as on a real filesystem (`rmdir ../d`), and on through parents removed with it
+    # (`rm -rf ../../d` from d/s).
+    while removed:
+        first, _, rest = text.partition("/")
+        if first != "..":
+            raise OSError(errno.ENOENT, "No such file or directory")
+        base, text = os.path.dirname(base), rest
+        removed = bool(text) and (not os.path.isdir(base) if layer is None
+                                  else layer.gone(base))
     return base.rstrip("/") + "/" + text if text else base
 
 
