@@ -56,7 +56,8 @@ def spelled(req: Request, dirfd: int, path: bytes, layer=None) -> str:
         base = base[:-len(" (deleted)")]
     if layer is not None:
         base = layer.lower_path_now(base)
-        removed = removed or layer.gone(base)
+        if not removed and text.partition("/")[0] == "..":  # else it goes by its name
+            removed = layer.gone(base)
     # A removed directory (the layer's, or the workdir's as the sandbox sees it): nothing
     # can be found or made in it, but `..` still leads to the directory it was removed
     # from, as on a real filesystem (`rmdir ../d`), and on through parents removed with it
