@@ -122,6 +122,8 @@ WORKFLOWS = {
                                   "(cd d/s && rm -rf ../../d && ls ../.. && touch ../../x) && "
                                   "mkdir -p e/s && cd e/s && rmdir ../s ../../e && ls ../.. && "
                                   "touch ../../z && ls ../..", ()),
+    "setgid-directory-inherited": ({"d/x": b"1\n"}, "chmod g+s d && mkdir -p d/sub/a && "
+                                                     "stat -c %a d/sub d/sub/a", ()),
     "cd-into-created-symlink": ({}, "mkdir real && ln -s real link && cd link && touch f && "
                                     "ls ../real", ()),
     "rm-mkdir-cd": ({"d/old1": b"1\n", "d/sub/old2": b"2\n"},

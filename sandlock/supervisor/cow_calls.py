@@ -217,7 +217,11 @@ def _set_mode(parent: int, name: str, mode: int) -> None:
 def _mkdir(mode):
     def make(parent, name, umask):
         os.mkdir(name, 0o700, dir_fd=parent)
-        _set_mode(parent, name, mode & ~umask & 0o7777)
+        # A directory made in a setgid one inherits its setgid bit (its entries then take
+        # its group), as the kernel gives it: keep that bit, which the mode asked cannot
+        # set (the filter refuses a mkdir asking for a set-id bit).
+        inherited = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode & stat.S_ISGID
+        _set_mode(parent, name, (mode & ~umask & 0o7777) | inherited)
     return make
 
 
