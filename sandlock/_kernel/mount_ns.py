@@ -18,10 +18,9 @@ overlay's upper directory then as it would after the teardown (cow/overlay.py).
 from __future__ import annotations
 
 import os
-import queue
 import threading
 
-_closing: queue.SimpleQueue | None = None
+_closing = None  # the closer's queue.SimpleQueue, once started
 _lock = threading.Lock()
 
 
@@ -42,7 +41,7 @@ def hold(pid: int) -> int:
         return -1
 
 
-def _closer(q: queue.SimpleQueue) -> None:
+def _closer(q) -> None:
     while True:
         fd = q.get()
         try:
@@ -58,6 +57,7 @@ def close_later(fd: int) -> None:
         return
     with _lock:
         if _closing is None:
+            import queue  # only a run with its own mounts needs it (~1.5 ms to import)
             q = queue.SimpleQueue()
             threading.Thread(target=_closer, args=(q,), name="sandlock-mount-ns",
                              daemon=True).start()
