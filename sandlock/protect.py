@@ -49,20 +49,28 @@ def mode() -> str:
         return _mode
 
 
-def empty_file(removed_at_exit: bool = True) -> str:
+def empty_file(removed_at_exit: bool = True, under: str | None = None) -> str:
     """An empty file of mode 0 that hidden files are covered with (one per process, and
     its children). removed_at_exit=False: the caller removes its directory (the CLI
-    service, whose children inherit it and run atexit handlers of their own)."""
+    service, whose children inherit it and run atexit handlers of their own). `under`: in
+    that directory's `hidden`, replacing what a previous holder left there (the CLI
+    service's own directory, where a service killed outright left its cover) rather than
+    in a new directory of TMPDIR."""
     global _empty
     with _lock:
         if _empty is None:
+            import shutil
             import tempfile
-            directory = tempfile.mkdtemp(prefix="sandlock-hidden-")
+            if under is None:
+                directory = tempfile.mkdtemp(prefix="sandlock-hidden-")
+            else:
+                directory = os.path.join(under, "hidden")
+                shutil.rmtree(directory, ignore_errors=True)
+                os.mkdir(directory, 0o700)
             path = os.path.join(directory, "hidden")
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))
             os.chmod(path, 0)
             if removed_at_exit:
-                import shutil
                 atexit.register(shutil.rmtree, directory, True)
             _empty = path
         return _empty

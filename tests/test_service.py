@@ -602,6 +602,39 @@ def _served(env, *args):
     return r
 
 
+def test_a_service_killed_outright_leaves_no_cover_file_behind(env, tmp_path):
+    """The empty file hidden files are covered with lives in the service's own directory,
+    and the next service replaces what one killed with SIGKILL left there; before, each
+    such service left a sandlock-hidden-* directory in its TMPDIR for good. Hidden files
+    stay hidden through the new one (the control: a readable file beside them is read)."""
+    tmp, home = tmp_path / "tmp", tmp_path / "home"
+    tmp.mkdir()
+    home.mkdir()
+    (home / "notes.txt").write_text("public notes\n")
+    (home / ".netrc").write_text("machine example.com password SECRET\n")
+    env = dict(env, TMPDIR=str(tmp), HOME=str(home))
+    cover = os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "hidden", "hidden")
+    _wait_served(env)
+    first = os.stat(cover)
+    assert first.st_mode & 0o777 == 0 and first.st_size == 0
+    left = os.path.join(os.path.dirname(cover), "left")
+    open(left, "w").close()  # stands for what a service killed outright leaves there
+    pid = _service_pid(env)
+    os.kill(pid, signal.SIGKILL)
+    assert _wait_for(lambda: _state(pid) in "ZX", timeout=10.0)
+    _wait_served(env)
+    assert _service_pid(env) != pid
+    assert os.stat(cover).st_mode & 0o777 == 0 and not os.path.exists(left)  # replaced
+    assert [p.name for p in tmp.iterdir()] == [], list(tmp.iterdir())
+    for name, readable in (("notes.txt", True), (".netrc", False)):
+        r = client(env, "run", "-r", str(home), "--", "cat", str(home / name), debug=True)
+        assert "service: accepted" in r.stderr, r.stderr
+        assert (r.returncode == 0) == readable and "SECRET" not in r.stdout, r.stdout
+    subprocess.run(IN_PROCESS + ["service", "stop"], env=env, capture_output=True, timeout=30)
+    # removed by a service that stops
+    assert _wait_for(lambda: not os.path.exists(os.path.dirname(cover)), timeout=10.0)
+
+
 def test_a_prepared_sandbox_is_used_only_while_what_it_read_is_unchanged(env, tmp_path):
     """A spare builds the last call's sandbox ahead (service/prepared.py). A call with the
     same inputs gets it — while nothing its build read has changed: a secret created in

@@ -293,8 +293,10 @@ def serve(idle: float = IDLE) -> int:
     ino = os.stat(path).st_ino
     from .. import protect
     # Made once, here, and removed by this process: every child covers hidden files with
-    # it, and a build prepared ahead (prepared.py) may make nothing.
-    hidden = os.path.dirname(protect.empty_file(removed_at_exit=False))
+    # it, and a build prepared ahead (prepared.py) may make nothing. In this directory
+    # (ours alone, under our lock), where the next service replaces what one killed
+    # outright left.
+    hidden = os.path.dirname(protect.empty_file(removed_at_exit=False, under=where))
     _warm()
     client = _client_bytes()
     stamp = _code_stamp()
