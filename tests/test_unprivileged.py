@@ -61,7 +61,7 @@ DESELECTED = " and ".join(f"not {name}" for name in (
     "test_commit_killed_at_random_points", "test_many_spread_out_exits",
     "test_no_hang_under_denied_execs", "test_short_lived_children_are_charged",
     "test_max_cpu_holds", "test_a_fork_tree_racing", "test_the_cli_test_files_pass",
-    "(test_workflow and seccomp)",
+    "(test_workflow and seccomp and not modes)",
     "(test_workflow and npm)", "test_no_open_outlives_its_killed_caller",
     "(test_a_symlink_swapped_in_under_a_waiting_open and landlock)"))
 

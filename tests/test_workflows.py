@@ -124,6 +124,18 @@ WORKFLOWS = {
                                   "touch ../../z && ls ../..", ()),
     "setgid-directory-inherited": ({"d/x": b"1\n"}, "chmod g+s d && mkdir -p d/sub/a && "
                                                      "stat -c %a d/sub d/sub/a", ()),
+    # Modes the sandbox sets on its own files (run unprivileged too: no capability then
+    # lets the supervisor past them).
+    "modes-write-in-a-read-only-dir": ({"low/a": b"1\n"},
+                                       "chmod 555 low && echo x > low/a && cat low/a && "
+                                       "mkdir ro && echo y > ro/b && chmod 555 ro && "
+                                       "echo z >> ro/b && cat ro/b", ()),
+    "modes-directories-left-unreadable": ({"low/a": b"1\n"},
+                                          "echo y > other && mkdir d && touch d/f && "
+                                          "chmod 300 d && mkdir e && chmod 000 e && "
+                                          "chmod 000 low", ()),
+    "modes-a-script-without-x": ({}, "printf '#!/bin/sh\\necho ran\\n' > s; ./s; echo $?; "
+                                     "chmod +x s && ./s && chmod -x s; ./s; echo $?", ()),
     "cd-into-created-symlink": ({}, "mkdir real && ln -s real link && cd link && touch f && "
                                     "ls ../real", ()),
     "rm-mkdir-cd": ({"d/old1": b"1\n", "d/sub/old2": b"2\n"},

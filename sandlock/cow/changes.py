@@ -84,6 +84,11 @@ class Change:
                 f"{side(self.after)}")
 
 
+# Upper directories opened up for a diff or a commit (layer.searchable): path -> the mode
+# the sandbox left, which is what an entry reports. Keys of several layers at once.
+LEFT: dict[str, int] = {}
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
                        (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket")):
@@ -116,12 +121,15 @@ def entry(path: str, content_from: str | None = None, own: bool = False) -> Entr
     real = content_from or path
     st = os.lstat(real)
     kind = _kind(st.st_mode)
+    mode = stat.S_IMODE(st.st_mode)
+    if kind == "dir":
+        mode = LEFT.get(real, mode)  # opened up for the diff (layer.searchable)
     digest = ""
     if kind == "file":
         digest = sha256_file(real, own and content_from is None)
     elif kind == "symlink":
         digest = os.readlink(real)
-    return Entry(kind, stat.S_IMODE(st.st_mode), st.st_size if kind == "file" else 0, digest,
+    return Entry(kind, mode, st.st_size if kind == "file" else 0, digest,
                  st.st_mtime_ns if kind == "file" else 0, real)
 
 
@@ -156,11 +164,13 @@ def _all_below(root: str, rel: str, action: str, out: list, layer: CowLayer | No
 
 def diff(layer) -> list[Change]:
     """Every change the layer holds, sorted by path (parents first)."""
-    if getattr(layer, "backend", None) == "overlay":
-        return layer.diff()  # overlay.OverlayLayer reads overlayfs' upper format
-    out: list[Change] = []
-    with layer.lock:
-        _compare(layer, layer.upper, "", out)
+    from .layer import searchable
+    with layer.lock, searchable(layer.upper):
+        if getattr(layer, "backend", None) == "overlay":
+            out = layer.diff()  # overlay.OverlayLayer reads overlayfs' upper format
+        else:
+            out = []
+            _compare(layer, layer.upper, "", out)
     return sorted(out, key=lambda c: c.path)
 
 

@@ -254,7 +254,8 @@ def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
     if os.path.exists(done_path):
         layer.discard()
         return
-    with layer.lock:
+    from .layer import searchable
+    with layer.lock, searchable(layer.upper):  # a directory the sandbox left mode 000
         if os.path.exists(plan_path):
             with open(plan_path) as f:
                 plan = json.load(f)

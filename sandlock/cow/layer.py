@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -98,6 +99,68 @@ def read_unreadable(path: str, read):
             fchmod_fd(fd, stat.S_IMODE(st.st_mode))
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def searchable(upper: str):
+    """The upper tree's directories readable and searchable by us for the block, and
+    their modes as the sandbox left them put back after. A sandbox may leave one mode 000
+    or 0300 (its owner's choice: the real directory would commit so), which diff and
+    commit must list and enter all the same; the supervisor has no capability that would
+    let it. Yields {path: mode as left}, for the changes to report. Only the layer's own
+    directories, with no sandboxed task running (no symlink is above an entry of the upper
+    tree, and os.walk follows none)."""
+    from .changes import LEFT
+    changed: dict[str, int] = {}
+    me = os.geteuid()
+
+    def open_up(path: str) -> None:
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == me and st.st_mode & 0o700 != 0o700 \
+                and path not in LEFT:  # not already (a diff inside a commit)
+            os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)
+            changed[path] = LEFT[path] = stat.S_IMODE(st.st_mode)
+    try:
+        if not _reads_anything() and os.path.isdir(upper):
+            open_up(upper)
+            for top, dirs, _ in os.walk(upper):  # each opened before the walk enters it
+                for name in dirs:
+                    open_up(os.path.join(top, name))
+        yield changed
+    finally:
+        for path, mode in sorted(changed.items(), reverse=True):  # deepest first
+            LEFT.pop(path, None)
+            try:
+                os.chmod(path, mode)
+            except FileNotFoundError:
+                pass  # committed and removed
+
+
+def _in_own_dir(parent: str, action):
+    """`action()`, which changes an entry of the upper directory `parent` for the layer's
+    own bookkeeping (a copy-up), with our write and search rights on it for that moment if
+    its mode (the sandbox's to choose) lacks them. Under the layer's lock."""
+    try:
+        return action()
+    except PermissionError:
+        st = os.lstat(parent)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() \
+                or st.st_mode & 0o300 == 0o300:
+            raise
+        os.chmod(parent, stat.S_IMODE(st.st_mode) | 0o300)
+        try:
+            return action()
+        finally:
+            os.chmod(parent, stat.S_IMODE(st.st_mode))
+
+
+def _reads_anything() -> bool:
+    """This process may read and search any directory (CAP_DAC_READ_SEARCH)."""
+    from .._kernel import caps
+    try:
+        return bool(caps.capget().mask("effective") & (1 << 2))
+    except OSError:
+        return False
 
 
 def _safe_rel(rel: str) -> str:
@@ -527,7 +590,9 @@ class CowLayer:
                 os.close(fd)
         finally:
             os.close(fin)
-        os.rename(tmp, dst)  # the placeholder (and its origin xattr) goes in one step
+        # The placeholder (and its origin xattr) goes in one step, even in a directory the
+        # sandbox made read-only (a write to a file there needs no right on it).
+        _in_own_dir(os.path.dirname(dst), lambda: os.rename(tmp, dst))
         return Loc(UPPER, dst, dst, loc.rel)
 
     @staticmethod
@@ -627,9 +692,16 @@ def tree_usage(path: str) -> int:
 
 
 def remove_tree(path: str) -> None:
+    """Remove a tree of ours, whatever modes a sandbox left in it (a directory of mode 000
+    is opened up, then removed with what it holds)."""
     def onerror(func, p, exc):
         try:
             os.chmod(os.path.dirname(p), 0o700)
+            if func in (os.open, os.scandir, os.listdir) and os.path.isdir(p) \
+                    and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, onerror=onerror)
+                return
             func(p)
         except OSError:
             pass

@@ -31,8 +31,8 @@ from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fch
 from ..cow.location import LOWER, MISSING, OUTSIDE, UPPER, Loc
 from ..fs_rules import is_beneath
 from . import cow_reads
-from .cow_paths import (located, lookup_follows, quota, rel_of, runtime_path_check, spelled,
-                        umask_of)
+from .cow_paths import (located, lookup_follows, may_execute, quota, rel_of,
+                        runtime_path_check, spelled, umask_of)
 from .network import CONTINUE, Defer, Guard, Inject
 from .request import Denied, Request
 
@@ -584,6 +584,8 @@ def execve_check(req, session, dirfd, path_arg, argv_arg, at_flags):
     # included (read with the supervisor's rights, a file the policy refuses would leak
     # its first line and have its interpreter run).
     script = _shebang(target) if _in_upper(session.cow, target) else None
+    if script is not None and not may_execute(req, os.stat(target, follow_symlinks=False)):
+        raise OSError(errno.EACCES, "Permission denied")  # read here, run by the kernel
     if script is None:
         return None if same else Reissue({_REGISTERS[path_arg]: _kernel_path(session.cow,
                                                                              target)},
@@ -619,6 +621,8 @@ def _interpreted(session, req, path: bytes, script, argv: list[bytes]):
         script = _shebang(target) if _in_upper(session.cow, target) else None
         if script is None:  # a program, or a file the kernel reads itself (see above)
             return _kernel_path(session.cow, target), argv
+        if not may_execute(req, os.stat(target, follow_symlinks=False)):
+            raise OSError(errno.EACCES, "Permission denied")
         path = interp
     raise OSError(errno.ELOOP, "Too many levels of symbolic links")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 import struct
 
 from .._kernel import memory
@@ -38,6 +39,34 @@ def umask_of(req: Request) -> int:
     except OSError:
         pass
     return 0o022
+
+
+def may_execute(req: Request, st: os.stat_result) -> bool:
+    """The kernel's exec permission test of the sandboxed task on a file of the layer,
+    which the supervisor reads for it (a `#!` script): a regular file with the execute bit
+    of the class the task is in (owner, group, others); with CAP_DAC_OVERRIDE (kept by
+    the policy), any execute bit."""
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    fields = {}
+    try:
+        with open(f"/proc/{req.pid}/status", "rb") as f:
+            for line in f:
+                key, _, value = line.partition(b":")
+                if key in (b"Uid", b"Gid", b"Groups", b"CapEff"):
+                    fields[key] = value.split()
+        euid, egid = int(fields[b"Uid"][1]), int(fields[b"Gid"][1])
+        groups = {int(g) for g in fields.get(b"Groups", [])}
+        cap_eff = int(fields[b"CapEff"][0], 16)
+    except (OSError, KeyError, IndexError, ValueError):
+        return False  # gone, or unreadable: refused
+    if cap_eff & (1 << 1):  # CAP_DAC_OVERRIDE
+        return bool(st.st_mode & 0o111)
+    if st.st_uid == euid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == egid or st.st_gid in groups:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
 
 
 def spelled(req: Request, dirfd: int, path: bytes, layer=None) -> str:
