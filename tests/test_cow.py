@@ -1104,3 +1104,43 @@ def test_a_workdir_reachable_through_another_mount_is_never_overlaid(tree, tmp_p
         subprocess.run(["umount", str(alias)], check=True)
     r = cow_box(work, tmp_path / "store", "auto").policy.workspace  # the control
     assert r.backend == "overlay", r
+
+
+_WITHOUT_DAC = r"""
+import sys
+from sandlock import BranchAction, Sandbox, system_devices, system_readable
+work, storage = sys.argv[1:3]
+for cmd in ("rm -f theirs", "mv moved there"):
+    r = Sandbox(fs_readable=system_readable(), fs_writable=system_devices(), workdir=work,
+                cwd=work, workspace_backend="seccomp", fs_storage=storage,
+                on_exit=BranchAction.COMMIT).run(["sh", "-c", cmd])
+    print(cmd, "|", r.exit_code, "|", r.error, "|", sorted(c.path for c in r.changes))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's file")
+def test_another_user_s_unreadable_file_is_removed_and_committed(tmp_path):
+    """A workdir file the user may not read (another user's, mode 0400) can be removed or
+    renamed, as on the real filesystem: the diff hashed it and failed, so the whole commit
+    failed (found by a workflow hunt). Run by root without the capabilities that read
+    anything (an unprivileged user's case); the file's content is never read."""
+    work, storage = tmp_path / "work", tmp_path / "storage"
+    work.mkdir()
+    storage.mkdir()
+    for name in ("theirs", "moved"):
+        (work / name).write_text("not yours\n")
+        os.chown(work / name, 65534, 65534)
+        os.chmod(work / name, 0o400)
+    (work / "mine").write_text("mine\n")  # the control: untouched
+    drop = "-dac_override,-dac_read_search"
+    r = subprocess.run(["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", "--",
+                        sys.executable, "-c", _WITHOUT_DAC, str(work), str(storage)],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "rm -f theirs | 0 | None | ['theirs']", r.stdout
+    assert not (work / "theirs").exists() and (work / "mine").read_text() == "mine\n"
+    # A rename commits as a copy, which needs the content: refused, said, nothing applied.
+    assert lines[1].startswith("mv moved there | 0 | copy-on-write commit failed"), r.stdout
+    assert (work / "moved").exists() and not (work / "there").exists()

@@ -134,6 +134,12 @@ WORKFLOWS = {
                                           "echo y > other && mkdir d && touch d/f && "
                                           "chmod 300 d && mkdir e && chmod 000 e && "
                                           "chmod 000 low", ()),
+    "modes-read-only-files-moved-and-changed": ({"ro": (b"1\n", 0o444), "ro2": (b"2\n", 0o444),
+                                                 "ro3": (b"3\n", 0o444)},
+                                                "mv ro moved && chmod 644 ro2 && "
+                                                "echo more >> ro2 && ln ro3 link3 && "
+                                                "cat moved ro2 link3 && stat -c %a moved ro2",
+                                                ()),
     "modes-a-script-without-x": ({}, "printf '#!/bin/sh\\necho ran\\n' > s; ./s; echo $?; "
                                      "chmod +x s && ./s && chmod -x s; ./s; echo $?", ()),
     "cd-into-created-symlink": ({}, "mkdir real && ln -s real link && cd link && touch f && "
@@ -328,6 +334,9 @@ def _prepare(base: str, name: str) -> str:
         for f in filenames:
             p = os.path.join(dirpath, f)
             os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) | 0o666)
+    for rel, data in ({} if callable(setup) else setup).items():
+        if isinstance(data, tuple) and not data[1] & 0o222:  # a read-only file, kept so
+            os.chmod(os.path.join(root, rel), data[1])
     return root
 
 

@@ -27,7 +27,12 @@ class Entry:
     # Upstream's names: the raw SHA-256 of a file, the target of a symlink.
     @property
     def digest(self) -> bytes | None:
-        return bytes.fromhex(self.hash) if self.kind == "file" else None
+        return bytes.fromhex(self.hash) if self.kind == "file" and self.readable else None
+
+    @property
+    def readable(self) -> bool:
+        """False for a workdir file we may not read (its hash is then its identity)."""
+        return not self.hash.startswith(UNREADABLE)
 
     @property
     def target(self) -> str | None:
@@ -76,13 +81,15 @@ class Change:
                 return "-"
             text = f"{e.kind} {e.mode:04o}"
             if e.kind == "file":
-                text += f" {e.size}B {e.hash[:12]}"
+                text += f" {e.size}B {e.hash[:12] if e.readable else 'unreadable'}"
             elif e.kind == "symlink":
                 text += f" -> {printable(e.hash)}"
             return text
         return (f"{self.action:<9} {printable(self.path):<40} {side(self.before)}  =>  "
                 f"{side(self.after)}")
 
+
+UNREADABLE = "unreadable:"  # an Entry.hash standing for content we may not read
 
 # Upper directories opened up for a diff or a commit (layer.searchable): path -> the mode
 # the sandbox left, which is what an entry reports. Keys of several layers at once.
@@ -126,7 +133,15 @@ def entry(path: str, content_from: str | None = None, own: bool = False) -> Entr
         mode = LEFT.get(real, mode)  # opened up for the diff (layer.searchable)
     digest = ""
     if kind == "file":
-        digest = sha256_file(real, own and content_from is None)
+        try:
+            digest = sha256_file(real, own and content_from is None)
+        except PermissionError:
+            if own and content_from is None:
+                raise
+            # A file of the workdir we may not read (another user's, mode 0400): removing
+            # or renaming it needs no read right; it is told apart by what stat says.
+            digest = (f"{UNREADABLE}{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
+                      f"{st.st_ctime_ns}")
     elif kind == "symlink":
         digest = os.readlink(real)
     return Entry(kind, mode, st.st_size if kind == "file" else 0, digest,
@@ -233,7 +248,7 @@ def renames(changes) -> list[tuple[str, str]]:
         out: dict[str, str | None] = {}
         for c in changes:
             e, other = (c.before, c.after) if side == "before" else (c.after, c.before)
-            if e is None or other is not None or e.kind != "file":
+            if e is None or other is not None or e.kind != "file" or not e.readable:
                 continue
             out[e.hash] = None if e.hash in out else c.path
         return out

@@ -583,9 +583,10 @@ class CowLayer:
                          | os.O_CLOEXEC, 0o600)
             try:
                 copy_data(fin, fd)
-                copy_metadata(fin, fd, st)
-                # The identity stat reported for it until now (see identity()).
+                # The identity stat reported for it until now (see identity()); before its
+                # mode, which may take away the owner's write right that a user xattr needs.
                 os.setxattr(fd, IDENTITY, f"{st.st_dev}:{st.st_ino}".encode())
+                copy_metadata(fin, fd, st)
             finally:
                 os.close(fd)
         finally:
