@@ -4,7 +4,8 @@ What runs again is every test whose mechanism behaves differently without root (
 below: Landlock and seccomp without CAP_SYS_ADMIN, user and mount namespaces for the
 overlay workspace and the user-file protection, ptrace and pidfds on one's own processes,
 the root's signals and /proc reads, the terminal, the demo and the examples as a user
-runs them, the workspace through test_workflows' overlay runs), minus a few long trials
+runs them, the workspace through test_workflows' runs on both backends: without root the
+supervisor has no capability past the modes a sandbox sets on its own files), minus a few long trials
 of mechanisms that do not (DESELECTED: the supervisor deciding alone, a commit run outside
 any sandbox, races and packaging runs that exercise nothing privilege changes) and the files whose mechanisms do not (test_cow's general guarantees, COW
 fork, the C connect fast path, the container profile: they run as root). CI's 10 minutes
@@ -61,7 +62,6 @@ DESELECTED = " and ".join(f"not {name}" for name in (
     "test_commit_killed_at_random_points", "test_many_spread_out_exits",
     "test_no_hang_under_denied_execs", "test_short_lived_children_are_charged",
     "test_max_cpu_holds", "test_a_fork_tree_racing", "test_the_cli_test_files_pass",
-    "(test_workflow and seccomp and not modes)",
     "(test_workflow and npm)", "test_no_open_outlives_its_killed_caller",
     "(test_a_symlink_swapped_in_under_a_waiting_open and landlock)"))
 
