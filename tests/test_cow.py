@@ -1144,3 +1144,51 @@ def test_another_user_s_unreadable_file_is_removed_and_committed(tmp_path):
     # A rename commits as a copy, which needs the content: refused, said, nothing applied.
     assert lines[1].startswith("mv moved there | 0 | copy-on-write commit failed"), r.stdout
     assert (work / "moved").exists() and not (work / "there").exists()
+
+
+_PERMISSIONS = r"""
+import subprocess, sys
+from sandlock import BranchAction, Sandbox, system_devices, system_readable
+work, storage = sys.argv[1:3]
+for cmd in sys.argv[3:]:  # the sandbox first: ABORT leaves the workdir as it was
+    r = Sandbox(fs_readable=system_readable(), fs_writable=system_devices(), workdir=work,
+                cwd=work, workspace_backend="seccomp", fs_storage=storage,
+                on_exit=BranchAction.ABORT).run(["sh", "-c", cmd])
+    bare = subprocess.run(["sh", "-c", cmd], cwd=work, capture_output=True)
+    print(cmd, "|", bare.returncode, r.exit_code, "|", bare.stdout == r.stdout)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's files")
+def test_the_workdir_s_permissions_hold_for_changes_made_in_the_layer(tmp_path):
+    """Changing a workdir file the user does not own, or may not write, fails as on the
+    real filesystem: before, the seccomp backend copied it into the layer (where the copy
+    is the user's) and let the write, chmod or explicit times through, and the commit then
+    replaced the other user's file with the user's. Run by root without the capabilities
+    that pass permissions (an unprivileged user's case: the seccomp backend; the overlay
+    one leaves it to the kernel), against the same commands run bare the same way; what
+    the kernel allows (a write to a file others may write, times
+    set to now on it) still works."""
+    work, storage = tmp_path / "work", tmp_path / "storage"
+    work.mkdir()
+    storage.mkdir()
+    for name, mode in (("theirs", 0o644), ("shared", 0o666)):
+        (work / name).write_text("theirs\n")
+        os.chown(work / name, 65534, 65534)
+        os.chmod(work / name, mode)
+    cmds = ["echo x >> theirs; echo $?", "chmod 600 theirs; echo $?", "touch theirs; echo $?",
+            "touch -d 2001-01-01 theirs; echo $?", "chmod 600 shared; echo $?",
+            "echo x >> shared && touch shared && cat shared",
+            "python3 -c \"import os; os.truncate('theirs', 0)\"; echo $?"]
+    drop = "-dac_override,-dac_read_search,-fowner"
+    r = subprocess.run(["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}", "--",
+                        sys.executable, "-c", _PERMISSIONS, str(work), str(storage), *cmds],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(cmds), r.stdout
+    for line in lines:
+        assert line.endswith("| True"), r.stdout  # the same output as bare
+    assert (work / "theirs").read_text() == "theirs\n"  # the bare runs could not change it
+    assert (work / "shared").read_text().startswith("theirs\nx\n")  # the control: bare did

@@ -31,7 +31,7 @@ from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fch
 from ..cow.location import LOWER, MISSING, OUTSIDE, UPPER, Loc
 from ..fs_rules import is_beneath
 from . import cow_reads
-from .cow_paths import (located, lookup_follows, may_execute, quota, rel_of,
+from .cow_paths import (located, lookup_follows, may, may_execute, owns, quota, rel_of,
                         runtime_path_check, spelled, umask_of)
 from .network import CONTINUE, Defer, Guard, Inject
 from .request import Denied, Request
@@ -112,6 +112,7 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
                     raise OSError(errno.EISDIR, "Is a directory")
                 loc = layer.concrete(loc, itself=True)
             else:
+                may_change(req, os.lstat(loc.real), "write")  # the copy would be ours
                 loc = layer.copy_up(loc)
         elif writes:
             quota(session)
@@ -411,6 +412,8 @@ def truncate(req, session):
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
         quota(session)
+        if loc.kind == LOWER:
+            may_change(req, os.lstat(loc.real), "write")  # the copy would be ours
         loc = session.cow.copy_up(loc)
         try:  # never waiting for a FIFO's reader (the layer's lock is held)
             fd = session.cow.open_real(loc.real, os.O_WRONLY | os.O_NONBLOCK)
@@ -429,9 +432,23 @@ def truncate(req, session):
     return 0
 
 
-def metadata_target(req, session, dirfd: int, path: bytes, follow: bool) -> int | None:
+def may_change(req, st: os.stat_result, need: str) -> None:
+    """What the kernel asks of the caller to change a workdir object, tested on the object
+    itself before the layer copies it (the copy is ours: the kernel's own test would then
+    be ours): "write" permission, "owner" (or CAP_FOWNER), or "write_or_owner" (times set
+    to now). Raises the kernel's errno."""
+    if need == "write" or (need == "write_or_owner" and not owns(req, st)):
+        if not may(req, st, 2):
+            raise OSError(errno.EACCES, "Permission denied")
+    elif need == "owner" and not owns(req, st):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+
+def metadata_target(req, session, dirfd: int, path: bytes, follow: bool,
+                    need: str = "owner") -> int | None:
     """An O_PATH fd on what a chmod/chown/utimes/xattr call under the workdir changes: the
-    private upper copy (made now if needed). None for paths spelled outside the workdir."""
+    private upper copy (made now if needed), once the caller may (`need`: may_change).
+    None for paths spelled outside the workdir."""
     rel = rel_of(session, req, dirfd, path)
     if rel is None:
         return None
@@ -439,6 +456,8 @@ def metadata_target(req, session, dirfd: int, path: bytes, follow: bool) -> int 
         loc = located(session, req, rel, lookup_follows(rel, follow), True)
         if loc.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
+        if loc.kind == LOWER:
+            may_change(req, os.lstat(loc.real), need)
         if loc.kind != OUTSIDE:
             # A directory is materialized first: a pending one stands for the workdir's,
             # whose mode and times a stat reports, and the change would not show.

@@ -41,32 +41,51 @@ def umask_of(req: Request) -> int:
     return 0o022
 
 
-def may_execute(req: Request, st: os.stat_result) -> bool:
-    """The kernel's exec permission test of the sandboxed task on a file of the layer,
-    which the supervisor reads for it (a `#!` script): a regular file with the execute bit
-    of the class the task is in (owner, group, others); with CAP_DAC_OVERRIDE (kept by
-    the policy), any execute bit."""
-    if not stat.S_ISREG(st.st_mode):
-        return False
+def _credentials(pid: int) -> tuple[int, int, set, int] | None:
+    """(euid, egid, groups, effective capabilities) of task `pid`; None if unreadable."""
     fields = {}
     try:
-        with open(f"/proc/{req.pid}/status", "rb") as f:
+        with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
                 key, _, value = line.partition(b":")
                 if key in (b"Uid", b"Gid", b"Groups", b"CapEff"):
                     fields[key] = value.split()
-        euid, egid = int(fields[b"Uid"][1]), int(fields[b"Gid"][1])
-        groups = {int(g) for g in fields.get(b"Groups", [])}
-        cap_eff = int(fields[b"CapEff"][0], 16)
+        return (int(fields[b"Uid"][1]), int(fields[b"Gid"][1]),
+                {int(g) for g in fields.get(b"Groups", [])}, int(fields[b"CapEff"][0], 16))
     except (OSError, KeyError, IndexError, ValueError):
+        return None
+
+
+CAP_DAC_OVERRIDE, CAP_FOWNER = 1 << 1, 1 << 3
+
+
+def may(req: Request, st: os.stat_result, want: int) -> bool:
+    """The kernel's permission test (want: 4 read, 2 write, 1 execute, as in a mode's
+    bits) of the sandboxed task on an object the supervisor acts on for it: the workdir's
+    own (whose owner the layer's copy would lose), or a file of the layer it reads for the
+    kernel. The class the task is in (owner, group, others) decides; with
+    CAP_DAC_OVERRIDE (kept by the policy) only execution needs a bit (any). No ACLs."""
+    creds = _credentials(req.pid)
+    if creds is None:
         return False  # gone, or unreadable: refused
-    if cap_eff & (1 << 1):  # CAP_DAC_OVERRIDE
-        return bool(st.st_mode & 0o111)
-    if st.st_uid == euid:
-        return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid == egid or st.st_gid in groups:
-        return bool(st.st_mode & stat.S_IXGRP)
-    return bool(st.st_mode & stat.S_IXOTH)
+    euid, egid, groups, cap_eff = creds
+    if cap_eff & CAP_DAC_OVERRIDE:
+        return not want & 1 or bool(st.st_mode & 0o111) or stat.S_ISDIR(st.st_mode)
+    shift = 6 if st.st_uid == euid else 3 if st.st_gid == egid or st.st_gid in groups else 0
+    return (st.st_mode >> shift) & want == want
+
+
+def owns(req: Request, st: os.stat_result) -> bool:
+    """The task owns the object, or may act as if (CAP_FOWNER): chmod, chown, explicit
+    times."""
+    creds = _credentials(req.pid)
+    return creds is not None and (st.st_uid == creds[0] or bool(creds[3] & CAP_FOWNER))
+
+
+def may_execute(req: Request, st: os.stat_result) -> bool:
+    """exec's test on a file of the layer the supervisor reads for the kernel (a `#!`
+    script): a regular file the task may execute."""
+    return stat.S_ISREG(st.st_mode) and may(req, st, 1)
 
 
 def spelled(req: Request, dirfd: int, path: bytes, layer=None) -> str:

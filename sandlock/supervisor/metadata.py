@@ -69,12 +69,14 @@ def _on_overlay(fd: int, workdir: str, pid: int) -> bool:
 
 
 def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int,
-                 follow: bool) -> int:
+                 follow: bool, need: str = "owner") -> int:
+    """`need`: what the kernel asks of the caller for this change (cow_calls.MAY_CHANGE),
+    tested by the supervisor on a workdir object it copies up for it."""
     path = req.read_path(path_arg)
     if session.cow is None:
         return req.open_target(dirfd, path, at_flags, follow)
     from .cow_calls import metadata_target  # a copy-on-write workdir: the upper copy
-    fd = metadata_target(req, session, dirfd, path, follow)
+    fd = metadata_target(req, session, dirfd, path, follow, need)
     if fd is not None:
         return fd
     fd = req.open_target(dirfd, path, at_flags, follow)
@@ -94,7 +96,7 @@ def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int
         os.close(fd)
         rel = layer.relative(reached)
         fd = metadata_target(req, session, AT_FDCWD_, os.fsencode(
-            os.path.join(layer.lower, rel) if rel else layer.lower), False)
+            os.path.join(layer.lower, rel) if rel else layer.lower), False, need)
         if fd is None:
             raise Denied(errno.EACCES, "the workspace's storage is not the sandbox's to change")
         return fd
@@ -157,6 +159,15 @@ def fchmodat2(req, session):
                 lambda t: fileops.fchmod_fd(t, _mode(t, req.args[2]), nofollow))
 
 
+def _is_workdir_file(session, fd: int) -> bool:
+    """`fd` is open on an object of the real workdir (not the layer's copy)."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return False
+    return is_beneath(path, session.cow.lower) and not is_beneath(path, session.cow.root)
+
+
 def _fd_target(req: Request, session) -> tuple[int, bool]:
     """Our duplicate of the fd argument, or with a copy-on-write workdir, the upper copy of
     the workdir file it was opened on (cow_calls.fd_metadata_target); True for the latter
@@ -164,8 +175,10 @@ def _fd_target(req: Request, session) -> tuple[int, bool]:
     fd = req.dup_fd(req.arg_int(0))
     if session.cow is None:
         return fd, False
-    from .cow_calls import fd_metadata_target
+    from .cow_calls import fd_metadata_target, may_change
     try:
+        if _is_workdir_file(session, fd):
+            may_change(req, os.fstat(fd), "owner")  # fchmod, fchown: before the copy
         upper = fd_metadata_target(session, fd)
     except BaseException:
         os.close(fd)
@@ -221,12 +234,25 @@ def _timespecs_from_pairs(raw: bytes, scale: int, check_frac: int | None) -> byt
     return struct.pack("<qqqq", a_sec, a_frac * scale, m_sec, m_frac * scale)
 
 
+UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+
+
+def _times_need(times: bytes | None) -> str:
+    """Setting a file's times to now needs write permission or ownership; to any other
+    time, ownership (utimensat(2))."""
+    if times is None:
+        return "write_or_owner"
+    nsecs = struct.unpack("<qqqq", times)[1::2]
+    return "write_or_owner" if all(n in (UTIME_NOW, UTIME_OMIT) for n in nsecs) else "owner"
+
+
 def utime(req, session):
     times = None
     if req.args[1]:
         a, m = struct.unpack("<qq", req.read_bytes(req.args[1], 16))
         times = struct.pack("<qqqq", a, 0, m, 0)
-    fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=True)
+    fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=True,
+                      need=_times_need(times))
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -238,7 +264,8 @@ def _timeval_times(req, i):
 
 def utimes(req, session):
     times = _timeval_times(req, 1)
-    fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=True)
+    fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=True,
+                      need=_times_need(times))
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -247,7 +274,8 @@ def futimesat(req, session):
     if not req.args[1]:  # NULL path: acts on dirfd itself
         fd = req.dup_fd(req.arg_int(0))
         return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, False))
-    fd = _path_target(req, session, req.arg_int(0), 1, 0, follow=True)
+    fd = _path_target(req, session, req.arg_int(0), 1, 0, follow=True,
+                      need=_times_need(times))
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -257,7 +285,8 @@ def utimensat(req, session):
     if not req.args[1]:  # futimens(): the fd itself, EBADF for O_PATH as in the kernel
         fd = req.dup_fd(req.arg_int(0))
         return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, False))
-    fd = _path_target(req, session, req.arg_int(0), 1, flags, follow=not flags & AT_SYMLINK_NOFOLLOW)
+    fd = _path_target(req, session, req.arg_int(0), 1, flags,
+                      follow=not flags & AT_SYMLINK_NOFOLLOW, need=_times_need(times))
     return _run(req, session, fd, lambda t: fileops.utimens_fd(t, times, True))
 
 
@@ -279,6 +308,11 @@ def _xattr_value(req, addr, size) -> bytes:
 
 
 _ACL_ACCESS = b"system.posix_acl_access"
+
+
+def _xattr_need(name: bytes) -> str:
+    """A user xattr needs write permission; an ACL, ownership."""
+    return "owner" if name.startswith(b"system.posix_acl") else "write"
 
 
 def _acl_refusal(fd: int, name: bytes) -> None:
@@ -313,7 +347,8 @@ def _setxattr_path(follow):
         name = _xattr_name(req, 1)
         value = _xattr_value(req, req.args[2], req.args[3])
         flags = req.arg_int(4)
-        fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=follow)
+        fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=follow,
+                          need=_xattr_need(name))
         return _run(req, session, fd, _set_on_opath(name, value, flags))
     return handler
 
@@ -342,14 +377,15 @@ def setxattrat(req, session):
     value_ptr, size, flags = struct.unpack("<QII", req.read_bytes(req.args[4], 16))
     value = _xattr_value(req, value_ptr, size)
     fd = _path_target(req, session, req.arg_int(0), 1, at_flags,
-                      follow=not at_flags & AT_SYMLINK_NOFOLLOW)
+                      follow=not at_flags & AT_SYMLINK_NOFOLLOW, need=_xattr_need(name))
     return _run(req, session, fd, _set_on_opath(name, value, flags))
 
 
 def _removexattr_path(follow):
     def handler(req, session):
         name = _xattr_name(req, 1)
-        fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=follow)
+        fd = _path_target(req, session, fileops.AT_FDCWD, 0, 0, follow=follow,
+                          need=_xattr_need(name))
         return _run(req, session, fd, _remove_on_opath(name))
     return handler
 
@@ -368,7 +404,7 @@ def removexattrat(req, session):
     at_flags = _at_flags(req, 2, AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)
     name = _xattr_name(req, 3)
     fd = _path_target(req, session, req.arg_int(0), 1, at_flags,
-                      follow=not at_flags & AT_SYMLINK_NOFOLLOW)
+                      follow=not at_flags & AT_SYMLINK_NOFOLLOW, need=_xattr_need(name))
     return _run(req, session, fd, _remove_on_opath(name))
 
 
