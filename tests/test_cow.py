@@ -1192,3 +1192,30 @@ def test_the_workdir_s_permissions_hold_for_changes_made_in_the_layer(tmp_path):
         assert line.endswith("| True"), r.stdout  # the same output as bare
     assert (work / "theirs").read_text() == "theirs\n"  # the bare runs could not change it
     assert (work / "shared").read_text().startswith("theirs\nx\n")  # the control: bare did
+
+
+def test_sparse_files_stay_sparse_through_the_layer_and_the_commit(backend, tmp_path):
+    """A copy-up and a commit keep a sparse file's holes (found by a workflow hunt: both
+    wrote every zero, so `truncate -s 50G disk.img` in a workspace was 50 GB written at
+    commit). Contents are the same; blocks stay few."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with open(work / "old.img", "wb") as f:  # the workdir's: copied up by the append
+        f.write(b"head")
+        f.seek(64 << 20)
+        f.write(b"tail")
+    r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT).run(
+        ["sh", "-c", "echo more >> old.img && truncate -s 256M new.img && "
+                     "printf end >> new.img && du -k old.img new.img"])
+    assert r.exit_code == 0 and r.error is None, (r.stderr, r.error)
+    for line in r.stdout.decode().splitlines():
+        assert int(line.split()[0]) < 2048, r.stdout  # in the run: KiB used
+    for name, size, last in (("old.img", (64 << 20) + 9, b"tailmore\n"),
+                             ("new.img", (256 << 20) + 3, b"end")):
+        st = os.stat(work / name)
+        assert st.st_size == size and st.st_blocks * 512 < (2 << 20), (name, st)
+        with open(work / name, "rb") as f:
+            f.seek(size - len(last))
+            assert f.read() == last
+    with open(work / "old.img", "rb") as f:
+        assert f.read(4) == b"head" and f.read(1 << 20) == bytes(1 << 20)  # a hole reads 0
