@@ -1219,3 +1219,72 @@ def test_sparse_files_stay_sparse_through_the_layer_and_the_commit(backend, tmp_
             assert f.read() == last
     with open(work / "old.img", "rb") as f:
         assert f.read(4) == b"head" and f.read(1 << 20) == bytes(1 << 20)  # a hole reads 0
+
+
+def test_a_deferred_commit_never_undoes_what_changed_in_the_workdir_since(backend, tmp_path):
+    """A DEFER run's changes committed later are refused, with nothing applied, where the
+    workdir changed since the run (found by a workflow hunt: a directory the run removed
+    took with it a file made outside meanwhile): a name made in a directory the run
+    removes, a file the run changed edited outside. The run stays pending (abort works);
+    the control, unchanged outside, commits."""
+    from sandlock.cow.committing import CommitRefused
+    for outside in ("new-in-removed-dir", "edited", None):
+        work = tmp_path / f"work-{outside}"
+        (work / "d").mkdir(parents=True)
+        (work / "d" / "old").write_text("old\n")
+        (work / "f").write_text("f\n")
+        r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.DEFER).run(
+            ["sh", "-c", "rm -r d && echo run >> f && echo new > added"])
+        assert r.exit_code == 0 and r.pending, (r.stderr, r.error)
+        if outside == "new-in-removed-dir":
+            (work / "d" / "precious").write_text("made outside\n")
+        elif outside == "edited":
+            (work / "f").write_text("edited outside\n")
+        if outside is None:
+            r.commit()
+            assert not (work / "d").exists() and (work / "f").read_text() == "f\nrun\n"
+            assert (work / "added").read_text() == "new\n"
+            continue
+        with pytest.raises(CommitRefused, match="since the run"):
+            r.commit()
+        assert not (work / "added").exists()  # nothing applied
+        assert (work / "d" / "old").exists() and r.pending
+        r.abort()
+        assert not r.pending and (work / "d" / "old").read_text() == "old\n"
+
+
+_ONE_RUN = r"""
+import sys
+from sandlock import BranchAction, Sandbox, system_devices, system_readable
+work, storage, cmd = sys.argv[1:4]
+r = Sandbox(fs_readable=system_readable(), fs_writable=system_devices(), workdir=work,
+            cwd=work, workspace_backend="seccomp", fs_storage=storage,
+            on_exit=BranchAction.COMMIT).run(["sh", "-c", cmd])
+print(r.exit_code, "|", r.error)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory")
+def test_a_commit_that_cannot_be_applied_whole_applies_nothing(tmp_path):
+    """A change in a directory this user may not write (another user's) is refused at
+    commit with every other change of the run, before anything is touched; before, the
+    commit applied what came first and stopped there (found by a workflow hunt: a moved
+    directory of another user's was left under both names). Root without the DAC
+    capabilities stands for an unprivileged user."""
+    work, storage = tmp_path / "work", tmp_path / "storage"
+    (work / "rd").mkdir(parents=True)
+    storage.mkdir()
+    os.chown(work / "rd", 65534, 65534)
+    drop = "-dac_override,-dac_read_search,-fowner"
+
+    def run(cmd):
+        return subprocess.run(["setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}",
+                               "--", sys.executable, "-c", _ONE_RUN, str(work), str(storage),
+                               cmd], capture_output=True, text=True, timeout=120,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = run("echo mine > a-first && touch rd/x")
+    assert r.returncode == 0, r.stderr
+    assert "refused, nothing applied: rd/x: its directory is not writable" in r.stdout, r.stdout
+    assert not (work / "a-first").exists() and not (work / "rd" / "x").exists()
+    r = run("echo mine > a-first")  # the control
+    assert r.stdout.strip() == "0 | None" and (work / "a-first").read_text() == "mine\n"

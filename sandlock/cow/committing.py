@@ -30,6 +30,7 @@ import shutil
 import stat
 
 from .._kernel.fileops import open_beneath
+from ..errors import BranchError
 from .changes import Change, diff, sha256_fd
 from .layer import CowLayer, copy_data, copy_metadata, open_read
 
@@ -248,6 +249,69 @@ def _dir_meta(layer: CowLayer, root_fd: int, op: dict, plan_id: str) -> None:
 _STEPS = {"dir": _make_dir, "place": _place, "remove": _remove, "dirmeta": _dir_meta}
 
 
+class CommitRefused(BranchError):
+    """The commit was refused before anything in the workdir was touched."""
+
+
+def _lstat(path: str):
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _preflight(layer: CowLayer, changes: list[Change]) -> None:
+    """Refuse, before anything is touched, a commit that could not be applied whole, or
+    that would undo what changed in the workdir since the changes were read (a DEFER
+    committed later, an editor outside meanwhile): an entry the run changed that is no
+    longer as it was (a file by size and mtime, a symlink by target, the kind), a name the
+    run adds that exists now, a directory the run removes that holds a name the run never
+    saw, a directory to change that this user may not write (or, sticky, an entry in it
+    of another user's). Not a lock: what changes while the commit runs is the user's."""
+    problems: list[str] = []
+    known = {c.path for c in changes}
+    me = os.geteuid()
+    for c in changes:
+        real = os.path.join(layer.lower, c.path)
+        try:
+            st = _lstat(real)
+        except OSError as e:
+            problems.append(f"{c.path}: {e.strerror}")
+            continue
+        b = c.before
+        if b is None and st is not None:
+            problems.append(f"{c.path}: made in the workdir since the run")
+        elif b is not None:
+            kind = None if st is None else ("dir" if stat.S_ISDIR(st.st_mode) else "symlink"
+                                            if stat.S_ISLNK(st.st_mode) else "file"
+                                            if stat.S_ISREG(st.st_mode) else "other")
+            if st is None:
+                problems.append(f"{c.path}: removed from the workdir since the run")
+            elif kind != b.kind and b.kind in ("dir", "symlink", "file"):
+                problems.append(f"{c.path}: replaced in the workdir since the run")
+            elif b.kind == "file" and (st.st_size, st.st_mtime_ns) != (b.size, b.mtime_ns):
+                problems.append(f"{c.path}: changed in the workdir since the run")
+            elif b.kind == "symlink" and os.readlink(real) != b.hash:
+                problems.append(f"{c.path}: changed in the workdir since the run")
+            elif b.kind == "dir" and c.after is None:
+                new = sorted(n for n in os.listdir(real) if f"{c.path}/{n}" not in known)
+                if new:
+                    problems.append(f"{c.path}/{new[0]}: made in the workdir since the run, "
+                                     f"in a directory the run removes")
+        parent = os.path.dirname(real)
+        pst = _lstat(parent)
+        if pst is None or not stat.S_ISDIR(pst.st_mode):
+            continue  # made (or replaced) by this commit
+        if not os.access(parent, os.W_OK | os.X_OK):
+            problems.append(f"{c.path}: its directory is not writable by this user")
+        elif pst.st_mode & stat.S_ISVTX and st is not None and me not in (st.st_uid,
+                                                                           pst.st_uid):
+            problems.append(f"{c.path}: another user's, in a sticky directory")
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CommitRefused("refused, nothing applied: " + "; ".join(problems[:3]) + more)
+
+
 def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
     """Apply the layer to the workdir and remove it. Safe to call again after a crash."""
     plan_path, done_path = (os.path.join(layer.root, n) for n in (PLAN, DONE))
@@ -260,7 +324,9 @@ def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
             with open(plan_path) as f:
                 plan = json.load(f)
         else:
-            plan = _plan(layer, diff(layer) if changes is None else changes)
+            changes = diff(layer) if changes is None else changes
+            _preflight(layer, changes)
+            plan = _plan(layer, changes)
             _write_json(plan_path, plan)
         root_fd = os.open(layer.lower, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
                           | os.O_CLOEXEC)
