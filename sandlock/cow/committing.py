@@ -271,8 +271,14 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
     problems: list[str] = []
     known = {c.path for c in changes}
     me = os.geteuid()
+    plain: dict[str, bool] = {}  # directory -> reached with no symlink on the way
     for c in changes:
         real = os.path.join(layer.lower, c.path)
+        parent = os.path.dirname(real)
+        if parent not in plain:
+            plain[parent] = os.path.realpath(parent) == parent
+        if not plain[parent]:
+            continue  # through a symlink the run replaced: the commit's own steps decide
         try:
             st = _lstat(real)
         except OSError as e:
@@ -298,7 +304,6 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
                 if new:
                     problems.append(f"{c.path}/{new[0]}: made in the workdir since the run, "
                                      f"in a directory the run removes")
-        parent = os.path.dirname(real)
         pst = _lstat(parent)
         if pst is None or not stat.S_ISDIR(pst.st_mode):
             continue  # made (or replaced) by this commit
