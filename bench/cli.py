@@ -45,7 +45,7 @@ def _peers(env):
         "bwrap": (["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent",
                    "/bin/true"], None) if shutil.which("bwrap") else None,
         "ours: service warm": ([CLIENT, "run", "--", "/bin/true"], None),
-        "ours: net-run, service warm": ([CLIENT, "net-run", "--", "/bin/true"], None),
+        "ours: net-run, service warm": ([CLIENT, "net-run", "--", "/bin/true"], "net"),
         "ours: in-process CLI": ([PYTHON, "-P", "-m", "sandlock", "run", "--", "/bin/true"],
                                  None),
         "ours: cold (no service yet)": ([CLIENT, "run", "--", "/bin/true"], "cold"),
@@ -64,12 +64,12 @@ def _stop(env):
         time.sleep(0.01)
 
 
-def _warm(env):
+def _warm(env, sub="run"):
     """Until the service is in its steady state, as an agent's repeated calls find it:
     it serves, its spares have warmed up, and they build the last call's sandbox ahead
     (a call got one). A service just started is "cold" (its own peer), not "warm"."""
     for _ in range(100):
-        r = subprocess.run([CLIENT, "run", "--", "/bin/true"], capture_output=True,
+        r = subprocess.run([CLIENT, sub, "--", "/bin/true"], capture_output=True,
                            text=True, stdin=subprocess.DEVNULL,
                            env=dict(env, SANDLOCK_SERVICE_DEBUG="1"))
         if "prepared sandbox used" in r.stderr:
@@ -98,17 +98,25 @@ def run(rounds=100, quick=False, log=lambda s: print(s, file=sys.stderr)):
     xdg = tempfile.mkdtemp(prefix="sandlock-bench-cli-")
     env = dict(os.environ, XDG_RUNTIME_DIR=xdg)
     env.pop("SANDLOCK_SERVICE", None)
+    # net-run's calls go to a service of their own: a service builds the last call's
+    # sandbox ahead, and the run and net-run peers alternate (as two agents would).
+    xdg_net = tempfile.mkdtemp(prefix="sandlock-bench-cli-net-")
+    env_net = dict(env, XDG_RUNTIME_DIR=xdg_net)
     peers = _peers(env)
     samples = {name: [] for name in peers}
     try:
         _warm(env)
-        for name, (argv, _) in peers.items():
-            _once(argv, env)  # each works before anything is timed
+        _warm(env_net, "net-run")
+        for name, (argv, kind) in peers.items():
+            _once(argv, env_net if kind == "net" else env)  # each works before timing
         _warm(env)
+        _warm(env_net, "net-run")
         for i, order in enumerate(rotations(list(peers), rounds)):
             for name in order:
                 argv, kind = peers[name]
-                if kind == "cold":
+                if kind == "net":
+                    samples[name].append(_once(argv, env_net))
+                elif kind == "cold":
                     _stop(env)
                     samples[name].append(_once(argv, env))
                     _warm(env)  # the next peers find a warm service again
@@ -118,7 +126,9 @@ def run(rounds=100, quick=False, log=lambda s: print(s, file=sys.stderr)):
                 log(f"  cli: {i + 1}/{rounds} rounds")
     finally:
         _stop(env)
+        _stop(env_net)
         shutil.rmtree(xdg, ignore_errors=True)
+        shutil.rmtree(xdg_net, ignore_errors=True)
     return {"name": NAME, "rounds": rounds,
             "stats": {n: stats(v) for n, v in samples.items()}}
 

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 from harness import UPSTREAM_VERSION, check_imports, rotations, start_workers, stats
@@ -51,6 +52,12 @@ def make_repo(root, dirs=100, files=20):
            "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@x"}
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "x"]):
         subprocess.run(cmd, cwd=root, env=env, check=True)
+    # An index written in the second its files were is "racy": every `git status` then
+    # reads all of them again, and with optional locks off (GIT_ENV, which every peer
+    # runs with) never records that they are clean. A repository is older than that.
+    time.sleep(1.1)
+    subprocess.run(["git", "update-index", "--refresh", "-q"], cwd=root, env=env,
+                   check=True)
 
 
 def _peers(repo, storage, floor=None):
