@@ -53,7 +53,8 @@ def open_layer(root: str):
 
 def create(workdir: str, storage: str, name: str | None, backend: str = "seccomp"):
     import secrets
-    from .layer import DISCARDING, CowLayer, remove_tree
+    from .layer import DISCARDING, CowLayer
+    from .ownfiles import remove_tree
     os.makedirs(storage, mode=0o700, exist_ok=True)
     for entry in os.listdir(storage):  # remains of removals that were interrupted
         if entry.endswith(DISCARDING):

@@ -12,7 +12,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from .layer import ORIGIN, PENDING, CowLayer, _safe_rel, _xattr, open_read
+from .layer import ORIGIN, PENDING, CowLayer, _safe_rel, _xattr
+from .ownfiles import open_read
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class Change:
 
 UNREADABLE = "unreadable:"  # an Entry.hash standing for content we may not read
 
-# Upper directories opened up for a diff or a commit (layer.searchable): path -> the mode
+# Upper directories opened up for a diff or a commit (ownfiles.searchable): path -> the mode
 # the sandbox left, which is what an entry reports. Keys of several layers at once.
 LEFT: dict[str, int] = {}
 
@@ -124,13 +125,13 @@ def sha256_file(path: str, own: bool = False) -> str:
 
 def entry(path: str, content_from: str | None = None, own: bool = False) -> Entry:
     """The entry at `path`; a placeholder passes its origin as `content_from`. `own`: `path`
-    is in the upper layer (layer.open_read)."""
+    is in the upper layer (ownfiles.open_read)."""
     real = content_from or path
     st = os.lstat(real)
     kind = _kind(st.st_mode)
     mode = stat.S_IMODE(st.st_mode)
     if kind == "dir":
-        mode = LEFT.get(real, mode)  # opened up for the diff (layer.searchable)
+        mode = LEFT.get(real, mode)  # opened up for the diff (ownfiles.searchable)
     digest = ""
     if kind == "file":
         try:
@@ -179,7 +180,7 @@ def _all_below(root: str, rel: str, action: str, out: list, layer: CowLayer | No
 
 def diff(layer) -> list[Change]:
     """Every change the layer holds, sorted by path (parents first)."""
-    from .layer import searchable
+    from .ownfiles import searchable
     with layer.lock, searchable(layer.upper):
         if getattr(layer, "backend", None) == "overlay":
             out = layer.diff()  # overlay.OverlayLayer reads overlayfs' upper format

@@ -32,7 +32,8 @@ import stat
 from .._kernel.fileops import open_beneath
 from ..errors import BranchError
 from .changes import Change, diff, sha256_fd
-from .layer import CowLayer, copy_data, copy_metadata, open_read
+from .layer import CowLayer
+from .ownfiles import copy_data, copy_metadata, open_read, searchable
 
 PLAN, DONE = "commit.json", "commit.done"
 
@@ -323,7 +324,6 @@ def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
     if os.path.exists(done_path):
         layer.discard()
         return
-    from .layer import searchable
     with layer.lock, searchable(layer.upper):  # a directory the sandbox left mode 000
         if os.path.exists(plan_path):
             with open(plan_path) as f:

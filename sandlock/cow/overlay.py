@@ -186,12 +186,13 @@ class OverlayLayer:
     # --- storage --------------------------------------------------------------------------------
 
     def usage(self) -> int:
-        from .layer import tree_usage
+        from .ownfiles import tree_usage
         return tree_usage(self.upper)
 
     def discard(self) -> None:
         """Remove the layer (overlayfs leaves a mode-000 directory in its work dir)."""
-        from .layer import DISCARDING, remove_tree
+        from .layer import DISCARDING
+        from .ownfiles import remove_tree
         trash = self.root + DISCARDING
         try:
             os.rename(self.root, trash)
