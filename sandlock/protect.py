@@ -65,7 +65,13 @@ def empty_file(removed_at_exit: bool = True, under: str | None = None) -> str:
                 directory = tempfile.mkdtemp(prefix="sandlock-hidden-")
             else:
                 directory = os.path.join(under, "hidden")
-                shutil.rmtree(directory, ignore_errors=True)
+                try:  # a dead holder's (rmtree follows no symlink), or anything put there
+                    if os.path.isdir(directory) and not os.path.islink(directory):
+                        shutil.rmtree(directory, ignore_errors=True)
+                    else:
+                        os.unlink(directory)
+                except FileNotFoundError:
+                    pass
                 os.mkdir(directory, 0o700)
             path = os.path.join(directory, "hidden")
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0))
