@@ -1288,3 +1288,55 @@ def test_a_commit_that_cannot_be_applied_whole_applies_nothing(tmp_path):
     assert not (work / "a-first").exists() and not (work / "rd" / "x").exists()
     r = run("echo mine > a-first")  # the control
     assert r.stdout.strip() == "0 | None" and (work / "a-first").read_text() == "mine\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes another user's directory and file")
+def test_root_s_sandbox_gets_no_more_than_root_without_capabilities(backend, tmp_path):
+    """Started by root, the sandbox runs as uid 0 without capabilities; the supervisor
+    keeps root's. A commit into another user's directory (0755), which the sandbox could
+    not have written, is refused as a whole; a hard link to another user's file is refused
+    in the run (fs.protected_hardlinks). Before (review), the seccomp backend let both
+    through and root's commit applied them. The control: the same in root's own directory."""
+    work = tmp_path / "work"
+    (work / "alice").mkdir(parents=True)
+    (work / "alice" / "f").write_text("alice\n")
+    for p in (work / "alice", work / "alice" / "f"):
+        os.chown(p, 65534, 65534)
+    r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT).run(
+        ["sh", "-c", "ln alice/f l; echo $?; echo mine > mine; echo new > alice/new"])
+    assert r.stdout.splitlines()[0] == b"1", r.stdout  # ln: Operation not permitted
+    assert not (work / "l").exists() and not (work / "alice" / "new").exists()
+    if backend == "seccomp":  # the run wrote it in its layer; the commit refuses it all
+        assert "alice/new: its directory is not writable" in (r.error or ""), r.error
+        assert not (work / "mine").exists()
+    r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT).run(
+        ["sh", "-c", "echo mine > mine && ln mine l"])
+    assert r.exit_code == 0 and r.error is None, (r.stderr, r.error)
+    assert (work / "mine").read_text() == "mine\n" and (work / "l").exists()
+
+
+def test_a_deferred_commit_sees_a_directory_replaced_or_redirected_outside(backend,
+                                                                           tmp_path):
+    """(review) A run that replaced a directory by a file, committed later while a file
+    was made in that directory outside, and a run whose changes lie in a directory
+    replaced by a symlink outside meanwhile: both refused, nothing applied."""
+    from sandlock.cow.committing import CommitRefused
+    for case in ("made-in-replaced-dir", "dir-became-symlink"):
+        work = tmp_path / case
+        (work / "d").mkdir(parents=True)
+        (work / "d" / "old").write_text("old\n")
+        cmd = "rm -r d && echo file > d" if case == "made-in-replaced-dir" else \
+            "echo a > a-first && rm d/old"
+        r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.DEFER).run(
+            ["sh", "-c", cmd])
+        assert r.exit_code == 0 and r.pending, (r.stderr, r.error)
+        if case == "made-in-replaced-dir":
+            (work / "d" / "precious").write_text("made outside\n")
+        else:
+            os.rename(work / "d", work / "d.real")
+            os.symlink("d.real", work / "d")
+        with pytest.raises(CommitRefused, match="since the run"):
+            r.commit()
+        assert not (work / "a-first").exists()
+        assert (work / "d" / "old").read_text() == "old\n"
+        r.abort()

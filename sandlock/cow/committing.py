@@ -261,6 +261,16 @@ def _lstat(path: str):
         return None
 
 
+def _sandbox_may_write(st: os.stat_result) -> bool:
+    """Write and search rights on a directory for this user without capabilities, as its
+    sandbox ran (the sandbox drops them all; root's supervisor keeps its own, which would
+    pass any directory): the mode bits of the user's class."""
+    uid, gid = os.geteuid(), os.getegid()
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid or st.st_gid in \
+        os.getgroups() else 0
+    return (st.st_mode >> shift) & 3 == 3
+
+
 def _preflight(layer: CowLayer, changes: list[Change]) -> None:
     """Refuse, before anything is touched, a commit that could not be applied whole, or
     that would undo what changed in the workdir since the changes were read (a DEFER
@@ -271,6 +281,8 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
     of another user's). Not a lock: what changes while the commit runs is the user's."""
     problems: list[str] = []
     known = {c.path for c in changes}
+    were_links = {c.path for c in changes
+                  if c.before is not None and c.before.kind == "symlink"}
     me = os.geteuid()
     plain: dict[str, bool] = {}  # directory -> reached with no symlink on the way
     for c in changes:
@@ -279,7 +291,12 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
         if parent not in plain:
             plain[parent] = os.path.realpath(parent) == parent
         if not plain[parent]:
-            continue  # through a symlink the run replaced: the commit's own steps decide
+            parts = c.path.split("/")
+            if any("/".join(parts[:k]) in were_links for k in range(1, len(parts))):
+                continue  # beneath a symlink the run replaced: the commit's steps decide
+            problems.append(f"{c.path}: a directory above it was replaced by a symlink in "
+                            f"the workdir since the run")
+            continue
         try:
             st = _lstat(real)
         except OSError as e:
@@ -300,7 +317,7 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
                 problems.append(f"{c.path}: changed in the workdir since the run")
             elif b.kind == "symlink" and os.readlink(real) != b.hash:
                 problems.append(f"{c.path}: changed in the workdir since the run")
-            elif b.kind == "dir" and c.after is None:
+            elif b.kind == "dir" and (c.after is None or c.after.kind != "dir"):
                 new = sorted(n for n in os.listdir(real) if f"{c.path}/{n}" not in known)
                 if new:
                     problems.append(f"{c.path}/{new[0]}: made in the workdir since the run, "
@@ -308,7 +325,7 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
         pst = _lstat(parent)
         if pst is None or not stat.S_ISDIR(pst.st_mode):
             continue  # made (or replaced) by this commit
-        if not os.access(parent, os.W_OK | os.X_OK):
+        if not _sandbox_may_write(pst):
             problems.append(f"{c.path}: its directory is not writable by this user")
         elif pst.st_mode & stat.S_ISVTX and st is not None and me not in (st.st_uid,
                                                                            pst.st_uid):

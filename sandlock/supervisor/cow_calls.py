@@ -377,7 +377,11 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
             raise OSError(errno.ENOENT, "No such file or directory")
         if new.kind != MISSING:
             raise OSError(errno.EEXIST, "File exists")
-        if stat.S_ISDIR(os.lstat(old.real).st_mode):
+        st = os.lstat(old.real)
+        if stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        if old.kind == LOWER and not (owns(req, st) or may(req, st, 6)):
+            # fs.protected_hardlinks: another user's file, unless readable and writable
             raise OSError(errno.EPERM, "Operation not permitted")
         old = layer.copy_up(old)  # two names must share one private inode
         new = layer.concrete(new)
