@@ -38,10 +38,27 @@ def _remove(path: str) -> None:
     shutil.rmtree(top, ignore_errors=True)
 
 
+_LIVE: set = set()  # the roots this process made and has not removed yet
+
+
+def remove_all() -> None:
+    """Remove every root this process made: before it ends in a way that runs no
+    finalizer (a CLI-service child killing itself as its client went away)."""
+    for root in list(_LIVE):
+        _remove(root)
+        _LIVE.discard(root)
+
+
+def _removed(root: str) -> None:
+    _LIVE.discard(root)
+    _remove(root)
+
+
 class PrivateTmp:
     def __init__(self):
         self.root = os.path.realpath(tempfile.mkdtemp(prefix="sandlock-tmp-"))
-        self._finalizer = weakref.finalize(self, _remove, self.root)
+        _LIVE.add(self.root)
+        self._finalizer = weakref.finalize(self, _removed, self.root)
 
     def new_run(self) -> str:
         """A fresh directory for one run's TMPDIR."""

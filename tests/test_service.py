@@ -819,6 +819,27 @@ def test_net_run_is_built_ahead_and_its_private_tmp_is_made_by_the_run(env, tmp_
     assert "Permission denied" in r.stderr and not os.path.exists("/tmp/outside")
 
 
+def test_a_client_killed_outright_leaves_no_private_tmp_behind(env, tmp_path):
+    """(review) A client killed with SIGKILL ends its sandbox as the in-process CLI killed
+    so would; the serving child then kills itself too, and its private /tmp's root went
+    with nothing to remove it. It is removed first now. The control: it existed."""
+    caller, work = tmp_path / "caller", tmp_path / "work"
+    caller.mkdir()
+    work.mkdir()
+    env = dict(env, TMPDIR=str(caller))
+    _wait_served(env)
+    p = subprocess.Popen([CLIENT, "net-run", "--", "sh", "-c", 'echo "$TMPDIR"; sleep 30'],
+                         env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        where = p.stdout.readline().strip()
+        assert where.startswith(f"{caller}/sandlock-tmp-") and os.path.isdir(where), where
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+    assert _wait_for(lambda: not list(caller.iterdir()), timeout=10.0), list(caller.iterdir())
+
+
 def test_the_service_serves_where_the_kernel_s_audit_stream_is_readable(env, kernel_audit,
                                                                         tmp_path):
     """(found 2026-12-05; pre-existing) As root with the audit subsystem on (auditd), the

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 
+from .. import private_tmp
 from . import peer, prepared
 
 REPLY_WAIT = 2.0      # seconds a child waits for a client's request, then for its "go"
@@ -204,6 +205,7 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
             if done.is_set():
                 return
             if not m:
+                private_tmp.remove_all()  # the one thing SIGKILL would leave (review)
                 os.kill(os.getpid(), signal.SIGKILL)
             if m[:1] == b"S" and len(m) >= 2:
                 os.kill(os.getpid(), m[1])
