@@ -301,6 +301,22 @@ class CowLayer:
             except OSError:
                 return True
 
+    def owner(self, upath: str) -> tuple[int, int]:
+        """(uid, gid) of the sandbox's object at upper path `upath`: the workdir object's it
+        stands for (a directory's or a placeholder's ORIGIN), which the layer's own entry
+        does not keep; else the upper object's (made in the run, or a copy)."""
+        st = os.lstat(upath)
+        origin = _xattr(upath, ORIGIN) if stat.S_ISDIR(st.st_mode) or \
+            stat.S_ISREG(st.st_mode) else None
+        if origin is not None:
+            try:
+                rel = _safe_rel(origin)
+                o = os.lstat(self.lower if rel == "." else os.path.join(self.lower, rel))
+                return o.st_uid, o.st_gid
+            except OSError:
+                pass
+        return st.st_uid, st.st_gid
+
     def _stands_for(self, now: str, rel: str) -> bool:
         """Is the directory at `now` in the sandbox's view the workdir's directory `rel`?"""
         try:

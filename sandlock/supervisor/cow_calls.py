@@ -94,6 +94,7 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
                 raise OSError(errno.ENOENT, "No such file or directory")
             quota(session)
             loc = layer.concrete(loc)
+            _may_change_names(req, layer, os.path.dirname(loc.upper))
             fd = layer.open_real(loc.real, flags | os.O_EXCL, 0o600)
             os.fchmod(fd, mode & ~umask_of(req) & 0o7777 & ~0o6000)
             return Inject(fd, bool(flags & os.O_CLOEXEC))
@@ -185,6 +186,23 @@ def _inside(session, loc: Loc) -> Loc:
     return loc
 
 
+def _may_change_names(req, layer, udir: str, target: str | None = None) -> None:
+    """The kernel's test for making or removing a name in the sandbox's directory at upper
+    path `udir`, made here because the supervisor acts with its own rights on the layer's
+    copy: write and search permission for the task on the directory as the sandbox sees
+    it (its mode, the workdir directory's owner: CowLayer.owner); in a sticky directory,
+    removing or replacing `target` (an upper path) needs owning it or the directory."""
+    from types import SimpleNamespace
+    st = os.lstat(udir)
+    uid, gid = layer.owner(udir)
+    if not may(req, SimpleNamespace(st_mode=st.st_mode, st_uid=uid, st_gid=gid), 3):
+        raise OSError(errno.EACCES, "Permission denied")
+    if target is not None and st.st_mode & stat.S_ISVTX and os.path.lexists(target) and \
+            not owns(req, SimpleNamespace(st_uid=layer.owner(target)[0])) and \
+            not owns(req, SimpleNamespace(st_uid=uid)):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+
 def _create_at(req, session, dirfd, path_arg, make):
     path = req.read_path(path_arg)
     rel = rel_of(session, req, dirfd, path)
@@ -197,6 +215,7 @@ def _create_at(req, session, dirfd, path_arg, make):
         quota(session)
         if loc.kind == MISSING:
             loc = session.cow.concrete(loc)
+            _may_change_names(req, session.cow, os.path.dirname(loc.upper))
         # Created through its parent, opened with no symlink on the way: a path resolved
         # and checked above is not re-resolved (a directory swapped meanwhile -> ELOOP).
         parent = open_no_symlinks(os.path.dirname(loc.real), os.O_PATH | os.O_DIRECTORY)
@@ -280,6 +299,7 @@ def _remove(req, session, dirfd, path_arg, directory: bool):
         if loc.upper == layer.upper:
             raise OSError(errno.EBUSY, "Device or resource busy")
         loc = layer.concrete(loc, itself=directory)
+        _may_change_names(req, layer, os.path.dirname(loc.upper), loc.upper)
         if directory:
             if loc.kind == LOWER or not stat.S_ISDIR(os.lstat(loc.upper).st_mode):
                 raise OSError(errno.ENOTDIR, "Not a directory")
@@ -339,6 +359,8 @@ def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
             raise OSError(errno.EBUSY, "Device or resource busy")
         old = layer.concrete(old)
         new = layer.concrete(new)
+        _may_change_names(req, layer, os.path.dirname(old.upper), old.upper)
+        _may_change_names(req, layer, os.path.dirname(new.upper), new.upper)
         if new.kind == UPPER and stat.S_ISDIR(os.lstat(new.upper).st_mode):
             layer._materialize(new.upper)  # replacing a directory needs it empty
         if flags & RENAME_EXCHANGE and old.kind == UPPER and stat.S_ISDIR(
@@ -383,8 +405,9 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
         if old.kind == LOWER and not (owns(req, st) or may(req, st, 6)):
             # fs.protected_hardlinks: another user's file, unless readable and writable
             raise OSError(errno.EPERM, "Operation not permitted")
-        old = layer.copy_up(old)  # two names must share one private inode
         new = layer.concrete(new)
+        _may_change_names(req, layer, os.path.dirname(new.upper))
+        old = layer.copy_up(old)  # two names must share one private inode
         os.link(old.upper, new.upper, follow_symlinks=False)
     return 0
 
