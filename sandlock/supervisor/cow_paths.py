@@ -42,7 +42,9 @@ def umask_of(req: Request) -> int:
 
 
 def _credentials(pid: int) -> tuple[int, int, set, int] | None:
-    """(euid, egid, groups, effective capabilities) of task `pid`; None if unreadable."""
+    """(fsuid, fsgid, groups, effective capabilities) of task `pid`, what the kernel's
+    permission tests use (the filesystem ids follow the effective ones unless set apart);
+    None if unreadable."""
     fields = {}
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
@@ -50,7 +52,7 @@ def _credentials(pid: int) -> tuple[int, int, set, int] | None:
                 key, _, value = line.partition(b":")
                 if key in (b"Uid", b"Gid", b"Groups", b"CapEff"):
                     fields[key] = value.split()
-        return (int(fields[b"Uid"][1]), int(fields[b"Gid"][1]),
+        return (int(fields[b"Uid"][3]), int(fields[b"Gid"][3]),
                 {int(g) for g in fields.get(b"Groups", [])}, int(fields[b"CapEff"][0], 16))
     except (OSError, KeyError, IndexError, ValueError):
         return None
@@ -68,10 +70,10 @@ def may(req: Request, st: os.stat_result, want: int) -> bool:
     creds = _credentials(req.pid)
     if creds is None:
         return False  # gone, or unreadable: refused
-    euid, egid, groups, cap_eff = creds
+    fsuid, fsgid, groups, cap_eff = creds
     if cap_eff & CAP_DAC_OVERRIDE:
         return not want & 1 or bool(st.st_mode & 0o111) or stat.S_ISDIR(st.st_mode)
-    shift = 6 if st.st_uid == euid else 3 if st.st_gid == egid or st.st_gid in groups else 0
+    shift = 6 if st.st_uid == fsuid else 3 if st.st_gid == fsgid or st.st_gid in groups else 0
     return (st.st_mode >> shift) & want == want
 
 
