@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 
 from .layer import ORIGIN, PENDING, CowLayer, _safe_rel, _xattr
-from .ownfiles import open_read
+from .ownfiles import LEFT, open_read
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,6 @@ class Change:
 
 
 UNREADABLE = "unreadable:"  # an Entry.hash standing for content we may not read
-
-# Upper directories opened up for a diff or a commit (ownfiles.searchable): path -> the mode
-# the sandbox left, which is what an entry reports. Keys of several layers at once.
-LEFT: dict[str, int] = {}
 
 
 def _kind(mode: int) -> str:

@@ -31,9 +31,9 @@ import stat
 
 from .._kernel.fileops import open_beneath
 from ..errors import BranchError
-from .changes import Change, diff, sha256_fd
+from .changes import Change, _kind, diff, sha256_fd
 from .layer import CowLayer
-from .ownfiles import copy_data, copy_metadata, open_read, searchable
+from .ownfiles import copy_data, copy_metadata, open_read, permits, searchable
 
 PLAN, DONE = "commit.json", "commit.done"
 
@@ -261,16 +261,6 @@ def _lstat(path: str):
         return None
 
 
-def _sandbox_may_write(st: os.stat_result) -> bool:
-    """Write and search rights on a directory for this user without capabilities, as its
-    sandbox ran (the sandbox drops them all; root's supervisor keeps its own, which would
-    pass any directory): the mode bits of the user's class."""
-    uid, gid = os.geteuid(), os.getegid()
-    shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid or st.st_gid in \
-        os.getgroups() else 0
-    return (st.st_mode >> shift) & 3 == 3
-
-
 def _preflight(layer: CowLayer, changes: list[Change]) -> None:
     """Refuse, before anything is touched, a commit that could not be applied whole, or
     that would undo what changed in the workdir since the changes were read (a DEFER
@@ -306,12 +296,9 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
         if b is None and st is not None:
             problems.append(f"{c.path}: made in the workdir since the run")
         elif b is not None:
-            kind = None if st is None else ("dir" if stat.S_ISDIR(st.st_mode) else "symlink"
-                                            if stat.S_ISLNK(st.st_mode) else "file"
-                                            if stat.S_ISREG(st.st_mode) else "other")
             if st is None:
                 problems.append(f"{c.path}: removed from the workdir since the run")
-            elif kind != b.kind and b.kind in ("dir", "symlink", "file"):
+            elif _kind(st.st_mode) != b.kind:
                 problems.append(f"{c.path}: replaced in the workdir since the run")
             elif b.kind == "file" and (st.st_size, st.st_mtime_ns) != (b.size, b.mtime_ns):
                 problems.append(f"{c.path}: changed in the workdir since the run")
@@ -325,7 +312,9 @@ def _preflight(layer: CowLayer, changes: list[Change]) -> None:
         pst = _lstat(parent)
         if pst is None or not stat.S_ISDIR(pst.st_mode):
             continue  # made (or replaced) by this commit
-        if not _sandbox_may_write(pst):
+        # As the sandbox ran: this user without capabilities (root's supervisor keeps its
+        # own, which would pass any directory).
+        if not permits(pst, me, os.getegid(), os.getgroups(), 3):
             problems.append(f"{c.path}: its directory is not writable by this user")
         elif pst.st_mode & stat.S_ISVTX and st is not None and me not in (st.st_uid,
                                                                            pst.st_uid):

@@ -20,6 +20,19 @@ from .._kernel.fileops import fchmod_fd, open_no_symlinks
 from .location import XATTR_PREFIX
 
 
+# Upper directories opened up for a diff or a commit (searchable): path -> the mode the
+# sandbox left, which is what a change reports (changes.entry). Several layers' at once.
+LEFT: dict[str, int] = {}
+
+
+def permits(st, uid: int, gid: int, groups, want: int) -> bool:
+    """The kernel's mode test, without capabilities or ACLs: the bits `want` (4 read,
+    2 write, 1 execute) of the class `uid`/`gid`/`groups` is in for an object of `st`'s
+    owner, group and mode."""
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid or st.st_gid in groups else 0
+    return (st.st_mode >> shift) & want == want
+
+
 def open_read(path: str, flags: int = 0) -> int:
     """An fd reading the layer's own regular file `path` (last component not followed),
     even if its owner made it unreadable (read_unreadable)."""
@@ -64,10 +77,9 @@ def searchable(upper: str):
     their modes as the sandbox left them put back after. A sandbox may leave one mode 000
     or 0300 (its owner's choice: the real directory would commit so), which diff and
     commit must list and enter all the same; the supervisor has no capability that would
-    let it. Yields {path: mode as left}, for the changes to report. Only the layer's own
-    directories, with no sandboxed task running (no symlink is above an entry of the upper
+    let it: the modes left are in LEFT meanwhile, for the changes to report. Only the
+    layer's own directories, with no sandboxed task running (no symlink is above an entry of the upper
     tree, and os.walk follows none)."""
-    from .changes import LEFT
     changed: dict[str, int] = {}
     me = os.geteuid()
 

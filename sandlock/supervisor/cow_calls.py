@@ -25,14 +25,15 @@ import errno
 import fcntl
 import os
 import stat
+from types import SimpleNamespace
 
 from .._kernel.fileops import (AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW, fchmod_fd,
                                open_no_symlinks, renameat2)
 from ..cow.location import LOWER, MISSING, OUTSIDE, UPPER, Loc
 from ..fs_rules import is_beneath
 from . import cow_reads
-from .cow_paths import (located, lookup_follows, may, may_execute, owns, quota, rel_of,
-                        runtime_path_check, spelled, umask_of)
+from .cow_paths import (credentials, located, lookup_follows, may, may_execute, owns, quota,
+                        rel_of, runtime_path_check, spelled, umask_of)
 from .network import CONTINUE, Defer, Guard, Inject
 from .request import Denied, Request
 
@@ -192,14 +193,14 @@ def _may_change_names(req, layer, udir: str, target: str | None = None) -> None:
     copy: write and search permission for the task on the directory as the sandbox sees
     it (its mode, the workdir directory's owner: CowLayer.owner); in a sticky directory,
     removing or replacing `target` (an upper path) needs owning it or the directory."""
-    from types import SimpleNamespace
     st = os.lstat(udir)
     uid, gid = layer.owner(udir)
-    if not may(req, SimpleNamespace(st_mode=st.st_mode, st_uid=uid, st_gid=gid), 3):
+    creds = credentials(req)
+    if not may(req, SimpleNamespace(st_mode=st.st_mode, st_uid=uid, st_gid=gid), 3, creds):
         raise OSError(errno.EACCES, "Permission denied")
     if target is not None and st.st_mode & stat.S_ISVTX and os.path.lexists(target) and \
-            not owns(req, SimpleNamespace(st_uid=layer.owner(target)[0])) and \
-            not owns(req, SimpleNamespace(st_uid=uid)):
+            not owns(req, SimpleNamespace(st_uid=layer.owner(target)[0]), creds) and \
+            not owns(req, SimpleNamespace(st_uid=uid), creds):
         raise OSError(errno.EPERM, "Operation not permitted")
 
 
@@ -402,7 +403,8 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
         st = os.lstat(old.real)
         if stat.S_ISDIR(st.st_mode):
             raise OSError(errno.EPERM, "Operation not permitted")
-        if old.kind == LOWER and not (owns(req, st) or may(req, st, 6)):
+        creds = credentials(req)
+        if old.kind == LOWER and not (owns(req, st, creds) or may(req, st, 6, creds)):
             # fs.protected_hardlinks: another user's file, unless readable and writable
             raise OSError(errno.EPERM, "Operation not permitted")
         new = layer.concrete(new)
@@ -464,10 +466,11 @@ def may_change(req, st: os.stat_result, need: str) -> None:
     itself before the layer copies it (the copy is ours: the kernel's own test would then
     be ours): "write" permission, "owner" (or CAP_FOWNER), or "write_or_owner" (times set
     to now). Raises the kernel's errno."""
-    if need == "write" or (need == "write_or_owner" and not owns(req, st)):
-        if not may(req, st, 2):
+    creds = credentials(req)
+    if need == "write" or (need == "write_or_owner" and not owns(req, st, creds)):
+        if not may(req, st, 2, creds):
             raise OSError(errno.EACCES, "Permission denied")
-    elif need == "owner" and not owns(req, st):
+    elif need == "owner" and not owns(req, st, creds):
         raise OSError(errno.EPERM, "Operation not permitted")
 
 
@@ -492,10 +495,11 @@ def metadata_target(req, session, dirfd: int, path: bytes, follow: bool,
         return session.cow.open_real(loc.real, os.O_PATH | os.O_NOFOLLOW)
 
 
-def fd_metadata_target(session, fd: int) -> int | None:
+def fd_metadata_target(req, session, fd: int) -> int | None:
     """fchmod/fchown on an fd the kernel opened on a workdir file (read-only, before any
-    change to it): an O_PATH fd on the upper copy (made now) of what the sandbox sees at
-    that name, if that is still the very file behind `fd`; None otherwise (the call is
+    change to it): an O_PATH fd on the upper copy (made now, once the caller owns the file:
+    may_change) of what the sandbox sees at that name, if that is still the very file
+    behind `fd`; None otherwise (the call is
     then decided on `fd` itself). An O_PATH fd is never redirected (EBADF, as for the
     kernel). The caller's fd still reads the workdir's file, whose content is the copy's;
     an fstat through it shows the file as it was before the change."""
@@ -523,6 +527,7 @@ def fd_metadata_target(session, fd: int) -> int | None:
             now = os.lstat(loc.real)
             if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                 return None
+            may_change(req, now, "owner")
             loc = layer.copy_up(layer.concrete(loc, itself=True))  # as metadata_target
         return layer.open_real(loc.real, os.O_PATH | os.O_NOFOLLOW)
 
@@ -575,10 +580,9 @@ def _in_upper(layer, path: str) -> bool:
 
 def _kernel_path(layer, target: str) -> bytes:
     """How a re-issued exec, chdir or O_PATH open names `target` so that its second pass
-    continues: the layer's
-    files and outside ones by their real path; a file of the workdir itself (reached
-    through a directory renamed in the layer) through /proc/self/root, a spelling the
-    layer leaves to the kernel (its real path would be looked up again in the sandbox's
+    continues: the layer's files and outside ones by their real path; an object of the
+    workdir itself (reached through a directory renamed in the layer) through
+    /proc/self/root, a spelling the layer leaves to the kernel (its real path would be looked up again in the sandbox's
     view, where that name no longer exists)."""
     if is_beneath(target, layer.lower):
         return os.fsencode("/proc/self/root" + target)

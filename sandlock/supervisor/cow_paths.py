@@ -18,6 +18,7 @@ from .._kernel import memory
 from .._kernel.fileops import AT_EMPTY_PATH, AT_FDCWD, AT_SYMLINK_NOFOLLOW
 from .._kernel.syscall import syscall
 from ..cow.location import OUTSIDE, Loc
+from ..cow.ownfiles import permits
 from ..fs_rules import is_beneath
 from .paths import Unresolvable, directory_of, resolve
 from .request import Denied, Request, thread_group
@@ -41,13 +42,13 @@ def umask_of(req: Request) -> int:
     return 0o022
 
 
-def _credentials(pid: int) -> tuple[int, int, set, int] | None:
-    """(fsuid, fsgid, groups, effective capabilities) of task `pid`, what the kernel's
-    permission tests use (the filesystem ids follow the effective ones unless set apart);
-    None if unreadable."""
+def credentials(req: Request) -> tuple[int, int, set, int] | None:
+    """(fsuid, fsgid, groups, effective capabilities) of the calling task, what the
+    kernel's permission tests use (the filesystem ids follow the effective ones unless set
+    apart); None if unreadable. Read once for the tests of one call (may, owns)."""
     fields = {}
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
+        with open(f"/proc/{req.pid}/status", "rb") as f:
             for line in f:
                 key, _, value = line.partition(b":")
                 if key in (b"Uid", b"Gid", b"Groups", b"CapEff"):
@@ -61,26 +62,25 @@ def _credentials(pid: int) -> tuple[int, int, set, int] | None:
 CAP_DAC_OVERRIDE, CAP_FOWNER = 1 << 1, 1 << 3
 
 
-def may(req: Request, st: os.stat_result, want: int) -> bool:
+def may(req: Request, st: os.stat_result, want: int, creds=None) -> bool:
     """The kernel's permission test (want: 4 read, 2 write, 1 execute, as in a mode's
     bits) of the sandboxed task on an object the supervisor acts on for it: the workdir's
     own (whose owner the layer's copy would lose), or a file of the layer it reads for the
     kernel. The class the task is in (owner, group, others) decides; with
     CAP_DAC_OVERRIDE (kept by the policy) only execution needs a bit (any). No ACLs."""
-    creds = _credentials(req.pid)
+    creds = creds or credentials(req)
     if creds is None:
         return False  # gone, or unreadable: refused
     fsuid, fsgid, groups, cap_eff = creds
     if cap_eff & CAP_DAC_OVERRIDE:
         return not want & 1 or bool(st.st_mode & 0o111) or stat.S_ISDIR(st.st_mode)
-    shift = 6 if st.st_uid == fsuid else 3 if st.st_gid == fsgid or st.st_gid in groups else 0
-    return (st.st_mode >> shift) & want == want
+    return permits(st, fsuid, fsgid, groups, want)
 
 
-def owns(req: Request, st: os.stat_result) -> bool:
+def owns(req: Request, st: os.stat_result, creds=None) -> bool:
     """The task owns the object, or may act as if (CAP_FOWNER): chmod, chown, explicit
     times."""
-    creds = _credentials(req.pid)
+    creds = creds or credentials(req)
     return creds is not None and (st.st_uid == creds[0] or bool(creds[3] & CAP_FOWNER))
 
 

@@ -70,7 +70,7 @@ def _on_overlay(fd: int, workdir: str, pid: int) -> bool:
 
 def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int,
                  follow: bool, need: str = "owner") -> int:
-    """`need`: what the kernel asks of the caller for this change (cow_calls.MAY_CHANGE),
+    """`need`: what the kernel asks of the caller for this change (cow_calls.may_change),
     tested by the supervisor on a workdir object it copies up for it."""
     path = req.read_path(path_arg)
     if session.cow is None:
@@ -159,15 +159,6 @@ def fchmodat2(req, session):
                 lambda t: fileops.fchmod_fd(t, _mode(t, req.args[2]), nofollow))
 
 
-def _is_workdir_file(session, fd: int) -> bool:
-    """`fd` is open on an object of the real workdir (not the layer's copy)."""
-    try:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return False
-    return is_beneath(path, session.cow.lower) and not is_beneath(path, session.cow.root)
-
-
 def _fd_target(req: Request, session) -> tuple[int, bool]:
     """Our duplicate of the fd argument, or with a copy-on-write workdir, the upper copy of
     the workdir file it was opened on (cow_calls.fd_metadata_target); True for the latter
@@ -175,11 +166,9 @@ def _fd_target(req: Request, session) -> tuple[int, bool]:
     fd = req.dup_fd(req.arg_int(0))
     if session.cow is None:
         return fd, False
-    from .cow_calls import fd_metadata_target, may_change
+    from .cow_calls import fd_metadata_target
     try:
-        if _is_workdir_file(session, fd):
-            may_change(req, os.fstat(fd), "owner")  # fchmod, fchown: before the copy
-        upper = fd_metadata_target(session, fd)
+        upper = fd_metadata_target(req, session, fd)
     except BaseException:
         os.close(fd)
         raise
