@@ -45,8 +45,7 @@ def remove_all() -> None:
     """Remove every root this process made: before it ends in a way that runs no
     finalizer (a CLI-service child killing itself as its client went away)."""
     for root in list(_LIVE):
-        _remove(root)
-        _LIVE.discard(root)
+        _removed(root)
 
 
 def _removed(root: str) -> None:

@@ -180,11 +180,7 @@ class Sandbox:
                     if policy.private_tmp and private_tmp_later:
                         object.__setattr__(self, "_tmp_later", True)
                     elif policy.private_tmp:  # its root exists before Landlock grants it
-                        from dataclasses import replace
-                        from .private_tmp import PrivateTmp
-                        tmp = PrivateTmp()
-                        object.__setattr__(self, "_tmp", tmp)
-                        policy = replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
+                        policy = self._take_private_tmp(policy)
                     object.__setattr__(self, "_run_policy", policy)
                     conf = _confinement.build(policy)
                     if (policy.explain or policy.audit_log) and self._learn_sink is None \
@@ -208,19 +204,23 @@ class Sandbox:
         with _build_lock:
             if not self._tmp_later:
                 return
-            from dataclasses import replace
-            from .private_tmp import PrivateTmp
-            tmp = PrivateTmp()
+            policy = self._take_private_tmp(self._run_policy)
             try:
-                policy = self._run_policy
-                policy = replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
-                _confinement.grant(conf, policy, tmp.root)
+                _confinement.grant(conf, policy, self._tmp.root)
             except BaseException:
-                tmp.close()
+                self._tmp.close()
+                object.__setattr__(self, "_tmp", None)
                 raise
-            object.__setattr__(self, "_tmp", tmp)
             object.__setattr__(self, "_run_policy", policy)
             object.__setattr__(self, "_tmp_later", False)
+
+    def _take_private_tmp(self, policy: Policy) -> Policy:
+        """A private TMPDIR's root made now, this sandbox's; `policy` with it writable."""
+        from dataclasses import replace
+        from .private_tmp import PrivateTmp
+        tmp = PrivateTmp()
+        object.__setattr__(self, "_tmp", tmp)
+        return replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
 
     def _route_to_handlers(self, conf) -> None:
         """The program's filter, with the calls of the handled syscalls that the policy
