@@ -5,9 +5,10 @@
  *
  *     overlay_floor LOWER UPPER WORK CMD [ARG]...
  *
- * The whole run (namespace setup, the program's first lookups through a fresh overlay,
- * whose inodes and dentries start cold, and the teardown when the last task exits) is
- * the floor the overlay backend cannot go below.
+ * The whole run is what the kernel costs for it: the namespace's setup, the program's
+ * first lookups through a fresh overlay (its inodes and dentries start cold) and the
+ * teardown when the last task exits. The backend pays all of it but the teardown, which
+ * its supervisor does after the run, off the caller's path (sandlock/_kernel/mount_ns.py).
  */
 #define _GNU_SOURCE
 #include <errno.h>
