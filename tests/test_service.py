@@ -736,6 +736,28 @@ def test_a_file_made_root_only_since_the_build_ahead_is_denied(env):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="adds a user")
+def test_a_pyenv_shim_s_python_is_built_ahead(env, tmp_path):
+    """A user's own toolchain, as pyenv installs it: `python3` is a shim script whose `#!`
+    names bash, over 1 MiB. The build ahead reads the interpreter it runs; it was abandoned
+    ("over 1048576 bytes read"), so such a user's calls were never built ahead. A large
+    file now stands by its stat (a write changes its ctime); the control: a change to the
+    shim is seen."""
+    home = tmp_path / "home"
+    shims = home / ".pyenv" / "shims"
+    shims.mkdir(parents=True)
+    shim = shims / "python3"
+    shim.write_text('#!/usr/bin/env bash\nexec /usr/bin/python3 "$@"\n')
+    shim.chmod(0o755)
+    env = dict(env, HOME=str(home), PATH=f"{shims}:/usr/bin:/bin")
+    env.pop("PYENV_ROOT", None)
+    assert os.path.getsize(os.path.realpath(shutil.which("bash"))) > (1 << 20)
+    _until_prepared(env, "run", "--", "python3", "-c", "print('shimmed')", expect="shimmed\n")
+    shim.write_text('#!/usr/bin/env bash\necho changed\n')
+    r = client(env, "run", "--", "python3", "-c", "print('shimmed')", debug=True)
+    assert r.stdout == "changed\n", (r.stdout, r.stderr)
+    assert "prepared sandbox not used" in r.stderr, r.stderr
+
+
 def test_a_user_s_home_changed_since_the_build_ahead_is_followed(env, tmp_path):
     """(review 2026-12-05) A policy's `~user` path is looked up in the user database,
     which libc reads unseen by the recording: a build ahead kept granting the old home.

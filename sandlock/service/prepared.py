@@ -137,10 +137,14 @@ def _call(fn, path, *args, **kw):
 
 def _opened(path, kind: int):
     """An open's object: its stat fields and, for a regular file opened to read, its
-    bytes (or the errno of reading them)."""
+    bytes (or the errno of reading them); for one over MAX_READ (an interpreter whose
+    `#!` line was read: bash, for a pyenv shim), its stat fields stand for its bytes: a
+    write changes its ctime, which no one sets."""
     seen = _stat(path, not kind & os.O_NOFOLLOW)
     if seen[0] == "err" or kind & os.O_PATH or not stat.S_ISREG(seen[1][0]):
         return seen
+    if seen[1][6] > MAX_READ:  # _sig: size
+        return seen + ("content by its stat",)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (kind & os.O_NOFOLLOW))
     except OSError as e:
