@@ -735,7 +735,6 @@ def test_a_file_made_root_only_since_the_build_ahead_is_denied(env):
         shutil.rmtree(d)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="adds a user")
 def test_a_pyenv_shim_s_python_is_built_ahead(env, tmp_path):
     """A user's own toolchain, as pyenv installs it: `python3` is a shim script whose `#!`
     names bash, over 1 MiB. The build ahead reads the interpreter it runs; it was abandoned
@@ -758,6 +757,7 @@ def test_a_pyenv_shim_s_python_is_built_ahead(env, tmp_path):
     assert "prepared sandbox not used" in r.stderr, r.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="adds a user")
 def test_a_user_s_home_changed_since_the_build_ahead_is_followed(env, tmp_path):
     """(review 2026-12-05) A policy's `~user` path is looked up in the user database,
     which libc reads unseen by the recording: a build ahead kept granting the old home.
