@@ -29,7 +29,7 @@ helper: $(HELPER) $(FORKLOOP) $(FASTCONNECT) $(VENV)/.client-installed
 # The `sandlock` command's fast path (docs/cli.md "The CLI service"): installed over the
 # console script pip wrote; it runs `python -P -m sandlock` for whatever it does not handle.
 $(CLIENT): sandlock/_libexec/sandlock-client.c
-	cc -O2 -Wall -Wextra -Werror -DSANDLOCK_PYTHON_DEFAULT='"$(abspath $(BIN))/python"' -o $@ $<
+	cc -O2 -Wall -Wextra -Werror -static -DSANDLOCK_PYTHON_DEFAULT='"$(abspath $(BIN))/python"' -o $@ $<
 
 $(VENV)/.client-installed: $(CLIENT) $(BIN)/.installed
 	cp $(CLIENT) $(BIN)/sandlock.new && mv $(BIN)/sandlock.new $(BIN)/sandlock

@@ -348,11 +348,13 @@ class Sandbox:
 
     def popen(self, cmd: Sequence[str], stdin=StdioMode.INHERIT, stdout=StdioMode.INHERIT,
               stderr=StdioMode.INHERIT, *, hold: bool = False, pass_fds: Sequence[int] = (),
-              extra_env: Mapping[str, str] | None = None) -> "Process":
+              extra_env: Mapping[str, str] | None = None, register: bool = True
+              ) -> "Process":
         """Start `cmd` confined and return at once. With `hold`, the program is confined
         and its pid known, but it execs only at Process.start(). `pass_fds` reach the
         program as fds 3, 4, ... (a fan-in pipeline's inputs); `extra_env` adds to its
-        environment."""
+        environment. `register=False`: not in the registry of running sandboxes until
+        _register(proc, cmd) (the CLI registers a program still running after a few ms)."""
         argv = _argv(cmd)
         if self.pending:
             raise SandlockError("this sandbox holds a run's workdir changes (DEFER): "
@@ -478,12 +480,18 @@ class Sandbox:
             proc._cleanup.append(lambda tmp=self._tmp: tmp.end_run(tmpdir))
         if on_program is not None:
             proc._cleanup.append(lambda pid=proc.pid: _unwatch_later(pid))
-        from . import registry  # `sandlock ps` / `inspect` / `kill`
-        entry = registry.register(proc.root, proc.pid, policy.name, argv, policy.cwd,
+        if register:
+            self._register(proc, argv)
+        return proc
+
+    def _register(self, proc: "Process", cmd: Sequence[str]) -> None:
+        """`sandlock ps` / `inspect` / `kill` find `proc` until it is closed."""
+        from . import registry
+        policy = self._run_policy
+        entry = registry.register(proc.root, proc.pid, policy.name, _argv(cmd), policy.cwd,
                                   self._given_fields())
         if entry is not None:
             proc._cleanup.append(lambda: registry.unregister(entry))
-        return proc
 
     def _given_fields(self) -> dict:
         """The fields set to other than their defaults (what `sandlock inspect` shows)."""

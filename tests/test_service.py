@@ -824,8 +824,11 @@ def test_net_run_is_built_ahead_and_its_private_tmp_is_made_by_the_run(env, tmp_
     def private_tmps():
         return [p for d in (own, caller) for p in d.iterdir()
                 if p.name.startswith("sandlock-tmp-")]
+    # Four in a row: each run makes and removes its private /tmp in a directory the
+    # build watched, so the spares built before it check theirs again, not only the one
+    # built after it (the kernel hands a client to the spare waiting longest).
     deadline, used = time.monotonic() + 30, 0
-    while used < 2:
+    while used < 4:
         r = client(env, "net-run", "--", "sh", "-c", script, debug=True, cwd=work)
         where, hi = r.stdout.splitlines()
         assert where.startswith(f"{caller}/sandlock-tmp-") and hi == "hi", r.stdout
@@ -958,6 +961,40 @@ def test_a_caller_state_the_service_cannot_take_falls_back(env, tmp_path):
                              "run", "--", "true"], env=env, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=60)
     assert r.returncode == direct.returncode, (r.stderr, direct.stderr)
+
+
+def test_a_caller_whose_limits_the_service_cannot_take_runs_once_in_process(env, tmp_path):
+    """The service accepts ("A") before it takes the caller's attributes on (that overlaps
+    the client's "go"): a caller with a higher hard limit than a service started under a
+    lower one is told "F" after the "A", falls back, and its command runs once, in
+    process. Control: a caller within the service's limit is served."""
+    import resource
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] <= 512:
+        pytest.skip("this process's hard limit on open files is 512 or less")
+    low = ["sh", "-c", 'ulimit -Sn 512 && ulimit -Hn 512 && exec "$@"', "sh", CLIENT]
+    deadline = time.monotonic() + 30
+    while True:  # the first call starts the service, which keeps the lower limit
+        r = subprocess.run(low + ["run", "--", "/bin/true"], env=dict(
+            env, SANDLOCK_SERVICE_DEBUG="1"), stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=60)
+        if "service: accepted" in r.stderr:
+            break
+        assert time.monotonic() < deadline, r.stderr
+        time.sleep(0.2)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for i in range(3):
+        r = client(env, "run", "-w", str(marks), "--", "sh", "-c",
+                   f"ulimit -Hn; echo {i} >> {marks}/ran", debug=True)
+        assert "service: accepted" in r.stderr and "resource limit" in r.stderr, r.stderr
+        assert "ended before it reported" not in r.stderr, r.stderr
+        assert r.returncode == 0 and r.stdout.strip() != "512", (r.stdout, r.stderr)
+    assert (marks / "ran").read_text() == "0\n1\n2\n"  # each once
+    r = subprocess.run(low + ["run", "--", "sh", "-c", "ulimit -Hn"], env=dict(
+        env, SANDLOCK_SERVICE_DEBUG="1"), stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=60)
+    assert "service: accepted" in r.stderr and "resource limit" not in r.stderr, r.stderr
+    assert r.stdout == "512\n"
 
 
 def test_a_padded_git_config_is_refused_never_left_out(env, tmp_path):

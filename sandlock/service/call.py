@@ -7,7 +7,8 @@ Protocol (SOCK_SEQPACKET, one message each):
                    a refused peer gets its "F" before the child reads anything
   client -> child: b"G" (go: the client still waits; without it nothing runs, so a client
                    that gave up and fell back never runs the command twice)
-  child -> client: b"F" if "go" did not come within REPLY_WAIT (nothing ran)
+  child -> client: b"F" if "go" did not come within REPLY_WAIT, or if this process
+                   could not take the caller's state (nothing ran)
   client -> child: b"S" + signal number, for each signal the client receives
   child -> client: b"X" + int32 exit status, last
 A client that disappears (EOF) is handled as the in-process CLI killed by SIGKILL: the
@@ -135,13 +136,16 @@ def serve_one(conn: socket.socket, started: float, client: bytes | None,
             return False
         committed()
         taken = True
+        # Accepted before this process is set up, which overlaps the client's answer: its
+        # "go" is awaited in _run. A setup that fails is told with "F" (the client falls
+        # back; nothing ran).
+        conn.send(b"A")
         why = peer.take_on(attrs)
         if why is not None:
-            conn.send(b"F" + why.encode()[:400])
+            _refuse_late(conn, why)
             return True
         prepared.CALLER = {k: v for k, v in attrs.items()
                            if k not in ("ignored", "blocked", "client")}
-        conn.send(b"A")  # its "go" is awaited in _run, after this process is set up
         ready = fds
         fds = []
     except OSError:  # the peer went away: reused unless this process was taken
@@ -160,14 +164,19 @@ def serve_one(conn: socket.socket, started: float, client: bytes | None,
         tempfile.tempdir = None  # the caller's TMPDIR (a private /tmp is made there), as
         peer.take_signals(attrs)  # a CLI started by the caller would find it
     except Exception as e:  # an environment the process cannot take (a name with "="...)
-        try:
-            conn.send(b"F" + f"cannot take the caller's state ({e})".encode()[:400])
-            conn.recv(16)  # its "go": closed unread, it would cost the client the "F"
-        except OSError:
-            pass
+        _refuse_late(conn, f"cannot take the caller's state ({e})")
         return True
     _run(conn, req["argv"])
     return True
+
+
+def _refuse_late(conn: socket.socket, why: str) -> None:
+    """An "F" after the "A": the client falls back (nothing ran)."""
+    try:
+        conn.send(b"F" + why.encode()[:400])
+        conn.recv(16)  # its "go": closed unread, it would cost the client the "F"
+    except OSError:
+        pass
 
 
 def _take_environment(env: dict[str, str]) -> None:
@@ -213,6 +222,7 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
     # thread: threading.Thread.start() waits for it to run (~0.3 ms here); this process
     # exits with os._exit, and joins no thread.
     _thread.start_new_thread(relay, ())
+    prepared.check_early()  # only reads: meanwhile the "go" comes
     went.wait(REPLY_WAIT + 1.0)  # bounded by the socket's timeout; this one is a backstop
     if go != [b"G"]:
         try:  # the client, if still there, falls back: nothing ran

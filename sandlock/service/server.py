@@ -208,27 +208,42 @@ def _accept(listener: socket.socket, quit_r: int, news: socket.socket | None = N
             on_news=None) -> socket.socket | None:
     """In a spare child: the next client (the listener is non-blocking: another child may
     take the one that woke us), or None once the service's quit pipe is closed or
-    on_news(inputs) — newer inputs to prepare, sent on `news` — returns False."""
-    while True:
-        ready, _, _ = select.select([listener, quit_r] + ([news] if news else []), [], [])
-        if quit_r in ready:
-            return None
-        if news in ready:
-            try:
-                m = news.recv(prepared.MAX_REPORT + 1)
-            except OSError:
-                m = b""
-            if not m:
-                news = None  # the service's end is gone: the quit pipe says the rest
-            elif not on_news(m):
+    on_news(inputs) — newer inputs to prepare, sent on `news` — returns False.
+    The listener is watched with EPOLLEXCLUSIVE: a client wakes one spare waiting, not
+    all of them (three Python processes woken for one accept competed with the one that
+    serves, and with the client, on two cores); a spare busy building ahead is skipped
+    by the kernel, and sees the client only if no spare waits (then it may get EAGAIN)."""
+    ep = select.epoll()
+    try:
+        ep.register(listener, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        ep.register(quit_r, select.EPOLLIN)
+        if news is not None:
+            ep.register(news, select.EPOLLIN)
+        while True:
+            ready = {fd for fd, _ in ep.poll()}
+            if quit_r in ready:
                 return None
-            continue
-        try:
-            conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            continue
-        conn.setblocking(True)
-        return conn
+            if news is not None and news.fileno() in ready:
+                try:
+                    m = news.recv(prepared.MAX_REPORT + 1)
+                except OSError:
+                    m = b""
+                if not m:  # the service's end is gone: the quit pipe says the rest
+                    ep.unregister(news)
+                    news = None
+                elif not on_news(m):
+                    return None
+                continue
+            if listener.fileno() not in ready:
+                continue
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                continue
+            conn.setblocking(True)
+            return conn
+    finally:
+        ep.close()
 
 
 def _still_ours(path: str, ino: int) -> bool:
@@ -243,13 +258,15 @@ def _still_ours(path: str, ino: int) -> bool:
 def _take_inputs(inputs: socket.socket, latest: list, abandoned: list) -> bool:
     """The children's reports (prepared.py): b"R" + a served call's inputs, the next to
     prepare; b"B" + inputs whose preparation a spare abandoned (never tried again).
-    Whether the inputs to prepare are new ones."""
-    before = latest[0]
+    Whether the spares are to hear of the inputs to prepare: after every call served,
+    new ones or not — a call's own effects (its private /tmp made and removed) may have
+    changed what a sandbox built before it read; each spare then checks its own."""
+    told = False
     while True:
         try:
             m = inputs.recv(prepared.MAX_REPORT + 2)
         except (BlockingIOError, InterruptedError):
-            return latest[0] is not None and latest[0] != before
+            return told and latest[0] is not None
         if m[:1] == b"B":
             abandoned.append(m[1:])
             del abandoned[:-16]
@@ -257,6 +274,7 @@ def _take_inputs(inputs: socket.socket, latest: list, abandoned: list) -> bool:
                 latest[0] = None
         elif m[:1] == b"R" and m[1:] not in abandoned:
             latest[0] = m[1:]
+            told = True
 
 
 def serve(idle: float = IDLE) -> int:
@@ -299,6 +317,8 @@ def serve(idle: float = IDLE) -> int:
     hidden = os.path.dirname(protect.empty_file(removed_at_exit=False, under=where))
     _warm()
     client = _client_bytes()
+    for installed in (CLIENT, os.path.join(sys.prefix, "bin", "sandlock")):
+        peer.know_client(installed, client)  # checked by identity, not read per call
     stamp = _code_stamp()
     started = time.time()
     stop = []
@@ -357,6 +377,8 @@ def serve(idle: float = IDLE) -> int:
                 prepared.REPORT = inputs_w
 
                 def prepare(inputs: bytes) -> bool:
+                    if prepared.still(inputs):
+                        return True  # built from these, and nothing it read changed
                     prepared.discard()
                     try:
                         ok = prepared.prepare(inputs)
