@@ -155,6 +155,15 @@ def parse_workspace(fields: dict, readable, writable, denied):
         if refusal is not None:
             notice = f"copy-on-write workspace: the seccomp backend is used ({refusal})"
         backend = "seccomp" if refusal is not None else "overlay"
+    if os.stat(storage).st_dev != os.stat(wd).st_dev:
+        apart = (f"copy-on-write workspace: the layer's storage {storage} is on another "
+                 f"filesystem than the workdir, so what the run makes or changes reports "
+                 f"another device (find -xdev and du -x stop there; " + (
+                     "git stops at a 'filesystem boundary' above a directory the run "
+                     "changed" if backend == "seccomp" else
+                     "renaming a file over another name of itself fails with ESTALE") +
+                 "); fs_storage (or SANDLOCK_COW_DIR) on the workdir's filesystem avoids it")
+        notice = apart if notice is None else f"{notice}; {apart}"
     # The workdir itself is a grant minus the storage: writable through the overlay, or
     # readable (execve and chdir continue in the kernel) beside the seccomp layer. The
     # layer's storage is never reachable from the sandbox.

@@ -125,6 +125,21 @@ def birth_ns(dirfd: int, path: str = "", nofollow: bool = True) -> int | None:
 
 
 
+STATX_MNT_ID = 0x1000
+
+
+def mount_id(dirfd: int, path: str = "") -> int:
+    """The id of the mount the object is reached through (statx STATX_MNT_ID; unique
+    across mount namespaces). Decides "on this mount" where st_dev cannot: overlayfs
+    reports a non-directory's own filesystem's device when its layers lie on several."""
+    buf = _Statx()
+    flags = (AT_EMPTY_PATH if not path else 0) | AT_SYMLINK_NOFOLLOW
+    syscall(NR_STATX, dirfd, os.fsencode(path), flags, STATX_MNT_ID, ctypes.byref(buf))
+    if not buf.mask & STATX_MNT_ID:
+        raise OSError(errno.ENOSYS, "statx gave no mount id")
+    return buf._rest[2]  # stx_mnt_id, after stx_rdev_* and stx_dev_* (2 x 2 x u32)
+
+
 def open_regular(path: str) -> int | None:
     """An fd to read the regular file at `path`; None for anything else or an error.
     Opened without blocking (O_NONBLOCK: a FIFO someone put where a file is read — a

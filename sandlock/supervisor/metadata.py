@@ -60,12 +60,15 @@ def _check(fd: int, session, pid: int = 0) -> None:
 
 def _on_overlay(fd: int, workdir: str, pid: int) -> bool:
     """Is the object behind `fd` in the overlay over the workdir (process `pid`'s view, not
-    the real workdir beneath it)?"""
+    the real workdir beneath it)? By mount, not device: with the layer's storage on
+    another filesystem than the workdir, overlayfs reports a file's own filesystem's
+    device, and chmod, utimes and xattrs of every file were refused (hunt: `cc -o app`
+    committed app without its execute bit)."""
     try:
-        mount = os.stat(f"/proc/{pid}/root{workdir}")
+        mount = fileops.mount_id(AT_FDCWD_, f"/proc/{pid}/root{workdir}")
+        return fileops.mount_id(fd) == mount != fileops.mount_id(AT_FDCWD_, workdir)
     except OSError:
         return False
-    return os.fstat(fd).st_dev == mount.st_dev and mount.st_dev != os.stat(workdir).st_dev
 
 
 def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int,
