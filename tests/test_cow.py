@@ -144,6 +144,23 @@ def test_abort_leaves_the_workdir_byte_identical(tree, tmp_path, backend):
     assert os.listdir(tmp_path / "store") == []
 
 
+def test_a_commit_carries_the_user_s_xattrs_never_the_layer_s(tmp_path, backend):
+    """(hunt) An overlay run's commit gave every changed workdir file overlayfs' own
+    user.overlay.origin, which tools and later runs then saw. The control: the file's own
+    user xattr is carried."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "f").write_text("one\n")
+    os.setxattr(work / "f", "user.mine", b"kept")
+    r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT).run(
+        ["sh", "-c", "echo two >> f && echo new > g"], timeout=60)
+    assert r.success, r.stderr.decode()
+    assert (work / "f").read_text() == "one\ntwo\n"
+    assert os.listxattr(work / "f") == ["user.mine"]
+    assert os.getxattr(work / "f", "user.mine") == b"kept"
+    assert [n for n in os.listxattr(work / "g") if not n.startswith("security.")] == []
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)

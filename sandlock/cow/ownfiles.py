@@ -161,15 +161,21 @@ def copy_data(src_fd: int, dst_fd: int) -> None:
     os.ftruncate(dst_fd, size)
 
 
+# Xattrs of the layers' own (the seccomp layer's; overlayfs' with userxattr, and as root
+# without it), never copied: a commit gave every changed workdir file of an overlay run
+# overlayfs' user.overlay.origin (hunt), which tools and later runs then saw.
+LAYER_XATTRS = (XATTR_PREFIX, "user.overlay.", "trusted.overlay.")
+
+
 def copy_metadata(src_fd: int, dst_fd: int, st) -> None:
-    """Owner (when permitted), mode, times and xattrs (except the layer's own)."""
+    """Owner (when permitted), mode, times and xattrs (except the layers' own)."""
     try:
         os.fchown(dst_fd, st.st_uid, st.st_gid)
     except PermissionError:
         pass
     try:
         for name in os.listxattr(src_fd):
-            if not name.startswith(XATTR_PREFIX):
+            if not name.startswith(LAYER_XATTRS):
                 try:
                     os.setxattr(dst_fd, name, os.getxattr(src_fd, name))
                 except OSError:
