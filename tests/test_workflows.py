@@ -301,6 +301,15 @@ WORKFLOWS = {
                         "insert into t values(1); select * from t;'", ("db", "db-wal", "db-shm")),
     "rebuild-over-a-run-binary": ({"hello.c": MAIN_C},
                                   "cc hello.c -o h && ./h && cc hello.c -o h && ./h", ()),
+    # (hunt) A name that is not UTF-8 in a workdir directory made every change there fail
+    # in the seccomp backend (the layer's origin xattr was encoded strictly).
+    "non-utf8-names": ({"lo\udcffw": b"1\n", "caf\udce9/x": b"2\n"},
+                       "echo y > new && echo z >> \"$(printf 'lo\\377w')\" && "
+                       "mv \"$(printf 'lo\\377w')\" \"$(printf 'x\\377y')\" && "
+                       "mkdir \"$(printf 'caf\\351')/sub\" && ls -R | od -c | head -20", ()),
+    "git-non-utf8-name": ({"caf\udce9.txt": b"1\n"},
+                          "git init -q -b main . && git add -A && git commit -qm x && "
+                          "git ls-files -z | od -c", (".git/index",)),
     "npm-run-script": ({"package.json": b'{"name": "p", "version": "1.0.0", "scripts": '
                                         b'{"build": "node -e \\"require(\'fs\').writeFileSync('
                                         b'\'out.txt\', \'built\')\\""}}'},

@@ -53,11 +53,11 @@ def _identity(value: str | None) -> tuple[int, int] | None:
 def _xattr(path: str, name: str) -> str | None:
     try:
         try:
-            return os.getxattr(path, name, follow_symlinks=False).decode()
+            return os.fsdecode(os.getxattr(path, name, follow_symlinks=False))
         except PermissionError as e:
             if e.errno != errno.EACCES:
                 raise
-            return read_unreadable(path, lambda p: os.getxattr(p, name)).decode()
+            return os.fsdecode(read_unreadable(path, lambda p: os.getxattr(p, name)))
     except OSError as e:
         if e.errno in (errno.ENODATA, errno.ENOENT, errno.ENOTSUP, errno.EPERM):
             return None
@@ -205,7 +205,7 @@ class CowLayer:
                 continue  # a retry after an interrupted materialization
             if stat.S_ISDIR(st.st_mode):
                 os.mkdir(up, 0o700)
-                os.setxattr(up, ORIGIN, rel.encode())
+                os.setxattr(up, ORIGIN, os.fsencode(rel))
                 os.setxattr(up, PENDING, b"1")
                 sub_ino = os.lstat(up).st_ino
                 self._complete.discard(sub_ino)
@@ -222,7 +222,7 @@ class CowLayer:
             else:
                 fd = os.open(up, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 try:
-                    os.setxattr(fd, ORIGIN, rel.encode())
+                    os.setxattr(fd, ORIGIN, os.fsencode(rel))
                 finally:
                     os.close(fd)
         os.removexattr(udir, PENDING)
