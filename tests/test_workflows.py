@@ -310,6 +310,12 @@ WORKFLOWS = {
     "git-non-utf8-name": ({"caf\udce9.txt": b"1\n"},
                           "git init -q -b main . && git add -A && git commit -qm x && "
                           "git ls-files -z | od -c", (".git/index",)),
+    # (hunt) A name to create spelled with a trailing '/' names a directory: the seccomp
+    # layer made a file of `mv f zz/`, `ln f zz/`, `ln -s f zz/`.
+    "trailing-slash-names": ({"f": b"1\n", "e": b"2\n", "d/x": b"3\n"},
+                             "{ mv f zz/; ln e yy/; ln -s e ss/; ln e d/; mkfifo ff/; "
+                             "true > cc/; true > e/; mv d dd/; mkdir nn/; ls -R; } 2>&1",
+                             ()),
     "npm-run-script": ({"package.json": b'{"name": "p", "version": "1.0.0", "scripts": '
                                         b'{"build": "node -e \\"require(\'fs\').writeFileSync('
                                         b'\'out.txt\', \'built\')\\""}}'},

@@ -68,6 +68,9 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
     excl = creat and bool(flags & os.O_EXCL)
     follow = lookup_follows(rel, not (flags & os.O_NOFOLLOW)) and not excl
     writes = acc != os.O_RDONLY or bool(flags & os.O_TRUNC)
+    if creat and rel.endswith("/"):  # the kernel's answer, once the parent is found
+        located(session, req, os.path.dirname(rel.rstrip("/")) or ".", True, False)
+        raise OSError(errno.EISDIR, "Is a directory")
     with layer.lock:
         loc = located(session, req, rel, follow, writes or creat)
         runtime_path_check(session, loc)
@@ -204,12 +207,23 @@ def _may_change_names(req, layer, udir: str, target: str | None = None) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")
 
 
-def _create_at(req, session, dirfd, path_arg, make):
+def _slashed_new_name(session, req, rel: str) -> None:
+    """A name to create as anything but a directory, spelled with a trailing '/': the
+    kernel's refusal (filename_create), EEXIST if the name exists, else ENOENT (hunt: the
+    layer made a file `zz` for `ln f zz/` and `mv f zz/`)."""
+    loc = located(session, req, rel.rstrip("/") or rel, False, False)
+    raise OSError(errno.ENOENT if loc.kind == MISSING else errno.EEXIST,
+                  os.strerror(errno.ENOENT if loc.kind == MISSING else errno.EEXIST))
+
+
+def _create_at(req, session, dirfd, path_arg, make, directory: bool = False):
     path = req.read_path(path_arg)
     rel = rel_of(session, req, dirfd, path)
     if rel is None:
         return CONTINUE
     with session.cow.lock:
+        if rel.endswith("/") and not directory:
+            _slashed_new_name(session, req, rel)
         loc = located(session, req, rel, False, True)
         if loc.kind != MISSING and loc.kind != OUTSIDE:
             raise OSError(errno.EEXIST, "File exists")
@@ -247,11 +261,11 @@ def _mkdir(mode):
 
 
 def mkdir(req, session):
-    return _create_at(req, session, AT_FDCWD, 0, _mkdir(req.args[1]))
+    return _create_at(req, session, AT_FDCWD, 0, _mkdir(req.args[1]), directory=True)
 
 
 def mkdirat(req, session):
-    return _create_at(req, session, req.arg_int(0), 1, _mkdir(req.args[2]))
+    return _create_at(req, session, req.arg_int(0), 1, _mkdir(req.args[2]), directory=True)
 
 
 def _mknod(mode, dev):
@@ -356,6 +370,8 @@ def _rename(req, session, odirfd, oarg, ndirfd, narg, flags):
             runtime_path_check(session, loc)
         if old.kind == MISSING:
             raise OSError(errno.ENOENT, "No such file or directory")
+        if nrel.endswith("/") and not stat.S_ISDIR(os.lstat(old.real).st_mode):
+            raise OSError(errno.ENOTDIR, "Not a directory")  # "new/" names a directory
         if layer.upper in (old.upper, new.upper):
             raise OSError(errno.EBUSY, "Device or resource busy")
         old = layer.concrete(old)
@@ -392,6 +408,8 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
     orel, nrel = rels
     layer = session.cow
     with layer.lock:
+        if nrel.endswith("/"):
+            _slashed_new_name(session, req, nrel)
         old = _inside(session, located(session, req, orel, follow, True))
         new = _inside(session, located(session, req, nrel, False, True))
         for loc in (old, new):
