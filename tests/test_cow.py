@@ -161,6 +161,30 @@ def test_a_commit_carries_the_user_s_xattrs_never_the_layer_s(tmp_path, backend)
     assert [n for n in os.listxattr(work / "g") if not n.startswith("security.")] == []
 
 
+def test_a_change_of_xattrs_alone_is_committed(tmp_path, backend):
+    """(hunt) A user xattr set, changed or removed on a file whose content and mode stay
+    was no change: the commit dropped it. The control: an untouched file stays as it
+    was."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("set", "changed", "removed", "untouched"):
+        (work / name).write_text(name)
+    os.setxattr(work / "changed", "user.k", b"old")
+    os.setxattr(work / "removed", "user.k", b"old")
+    os.setxattr(work / "untouched", "user.k", b"same")
+    script = ("import os\nos.setxattr('set', 'user.k', b'new')\n"
+              "os.setxattr('changed', 'user.k', b'new')\nos.removexattr('removed', 'user.k')")
+    r = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT).run(
+        [PY, "-c", script], timeout=60)
+    assert r.success, r.stderr.decode()
+    assert {c.path for c in r.changes} == {"set", "changed", "removed"}, r.changes
+    assert os.getxattr(work / "set", "user.k") == b"new"
+    assert os.getxattr(work / "changed", "user.k") == b"new"
+    assert "user.k" not in os.listxattr(work / "removed")
+    assert os.getxattr(work / "untouched", "user.k") == b"same"
+    assert all((work / n).read_text() == n for n in ("set", "changed", "removed"))
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)

@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 
 from .layer import ORIGIN, PENDING, CowLayer, _safe_rel, _xattr
-from .ownfiles import LEFT, open_read
+from .ownfiles import LAYER_XATTRS, LEFT, open_read
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Entry:
     hash: str = ""       # sha256 (hex) of a file's content; a symlink's target
     mtime_ns: int = 0    # files: a touch is a change too
     source: str = field(default="", repr=False, compare=False)  # real path of the content
+    xattrs: str = field(default="", repr=False)  # files: their user xattrs (xattr_digest)
 
     # Upstream's names: the raw SHA-256 of a file, the target of a symlink.
     @property
@@ -119,6 +120,25 @@ def sha256_file(path: str, own: bool = False) -> str:
         os.close(fd)
 
 
+def xattr_digest(file) -> str:
+    """A file's user xattrs, never the layers' own (ownfiles.LAYER_XATTRS), as one digest;
+    "" for none, or where they cannot be read. `file`: a path (its last component not
+    followed) or an fd. A change of xattrs alone is a change (hunt: it was not committed)."""
+    kw = {} if isinstance(file, int) else {"follow_symlinks": False}
+    try:
+        names = sorted(n for n in os.listxattr(file, **kw)
+                       if n.startswith("user.") and not n.startswith(LAYER_XATTRS))
+        if not names:
+            return ""
+        h = hashlib.sha256()
+        for n in names:
+            value = os.getxattr(file, n, **kw)
+            h.update(b"%d:%s%d:%s" % (len(n), n.encode(), len(value), value))
+        return h.hexdigest()
+    except OSError:
+        return ""
+
+
 def entry(path: str, content_from: str | None = None, own: bool = False) -> Entry:
     """The entry at `path`; a placeholder passes its origin as `content_from`. `own`: `path`
     is in the upper layer (ownfiles.open_read)."""
@@ -142,7 +162,8 @@ def entry(path: str, content_from: str | None = None, own: bool = False) -> Entr
     elif kind == "symlink":
         digest = os.readlink(real)
     return Entry(kind, mode, st.st_size if kind == "file" else 0, digest,
-                 st.st_mtime_ns if kind == "file" else 0, real)
+                 st.st_mtime_ns if kind == "file" else 0, real,
+                 xattr_digest(real) if kind == "file" else "")
 
 
 def _upper_entry(layer: CowLayer, upath: str) -> Entry:

@@ -31,7 +31,7 @@ import stat
 
 from .._kernel.fileops import open_beneath
 from ..errors import BranchError
-from .changes import Change, _kind, diff, sha256_fd
+from .changes import Change, _kind, diff, sha256_fd, xattr_digest
 from .layer import CowLayer
 from .ownfiles import copy_data, copy_metadata, open_read, permits, searchable
 
@@ -86,7 +86,8 @@ def _plan(layer: CowLayer, changes: list[Change]) -> dict:
         if not (source == layer.upper or source.startswith(layer.upper + "/")):
             source = _copy_up_source(layer, c.path)
         op = {"op": "place", "path": c.path, "kind": a.kind, "mode": a.mode,
-              "digest": a.hash, "source": source, "mtime_ns": a.mtime_ns}
+              "digest": a.hash, "source": source, "mtime_ns": a.mtime_ns,
+              "xattrs": a.xattrs}
         st = os.lstat(source)
         if a.kind == "file" and st.st_nlink > 1:
             first = linked.setdefault((st.st_dev, st.st_ino), c.path)
@@ -135,7 +136,8 @@ def _already(parent: _Parent, op: dict) -> bool:
         fd = os.open(parent.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                      dir_fd=parent.fd)
         try:
-            return sha256_fd(fd) == op["digest"]
+            return sha256_fd(fd) == op["digest"] and \
+                xattr_digest(fd) == op.get("xattrs", xattr_digest(fd))
         finally:
             os.close(fd)
     if op["kind"] == "symlink":
