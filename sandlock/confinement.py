@@ -2,13 +2,15 @@
 capability sets and resource limits, all prepared in the parent before fork.
 
 A `Confinement` is immutable once built and shared by every run of the same policy: the
-child only applies it (sandlock.launch).
+child only applies it (sandlock.launch). (A workspace run's own ruleset, built per run, may
+be built ahead by the run before it: run_ruleset, build_next.)
 """
 
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from . import features, fs_rules, syscall_filter
 from .features import Protection
@@ -53,19 +55,51 @@ class Confinement:
     _abi: int = 0
 
     _rules: dict | None = None
+    # A run's ruleset built ahead, while the run before it went on: (its extra rules, it).
+    _next: tuple | None = None
+    _next_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _run_rulesets: int = 0  # built so far: a policy run once (the CLI) builds none ahead
 
     def run_ruleset(self, extra: dict | None = None) -> landlock.LandlockRuleset | None:
         """A ruleset of this policy for one run, with `extra` path rules (path -> rights)
         for that run's own objects (its workspace layer); the caller closes it. The
-        policy's path rules are planned once."""
+        policy's path rules are planned once; the one built ahead (build_next) is taken if
+        it was built for the same extra rules. Its path rules hold the objects the paths
+        named when it was built, as the policy's own ruleset (`ruleset`) holds them from
+        the first run on."""
         if self._policy is None:
             return None
+        with self._next_lock:
+            ahead, self._next = self._next, None
+        if ahead is not None:
+            if ahead[0] == _extra_key(extra):
+                return ahead[1]
+            ahead[1].close()
         if self._rules is None:
             self._rules = _plan(self._policy)
+        self._run_rulesets += 1
         rules = dict(self._rules)
         for path, rights in (extra or {}).items():
             rules[path] = rules.get(path, 0) | rights
         return _build_ruleset(self._policy, self._abi, rules=rules)
+
+    def build_next(self, extra: dict | None = None) -> None:
+        """Build the next run's ruleset now (launch.spawn: once a run has started, off the
+        path of the next; 0.6 ms for the system directories' 160 rules). A failure is the
+        next run's to meet, building its own. Only from a policy's second run on: one run
+        once (the CLI's) would build it for nothing."""
+        if self._run_rulesets < 2:
+            return
+        try:
+            ruleset = self.run_ruleset(extra)
+        except PolicyError:
+            return
+        if ruleset is None:
+            return
+        with self._next_lock:
+            old, self._next = self._next, (_extra_key(extra), ruleset)
+        if old is not None:
+            old[1].close()
 
     # The fds live exactly as long as this object: a launch holds a reference while it
     # passes them to the child, and a Sandbox drops its Confinement when a field changes.
@@ -78,12 +112,20 @@ class Confinement:
             self.protect_fd = -1
         if self.ruleset is not None:
             self.ruleset.close()
+        with self._next_lock:
+            ahead, self._next = self._next, None
+        if ahead is not None:
+            ahead[1].close()
 
     def __del__(self):
         try:
             self.close()
         except OSError:
             pass
+
+
+def _extra_key(extra: dict | None) -> tuple:
+    return tuple(sorted((extra or {}).items()))
 
 
 def _plan(policy: Policy) -> dict[str, int]:

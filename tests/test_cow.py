@@ -185,6 +185,23 @@ def test_a_change_of_xattrs_alone_is_committed(tmp_path, backend):
     assert all((work / n).read_text() == n for n in ("set", "changed", "removed"))
 
 
+def test_runs_of_one_sandbox_are_confined_alike(tmp_path, backend):
+    """An overlay run builds the next run's ruleset while it goes on (Confinement.
+    build_next): each run of one Sandbox is confined as the first — its workdir writable
+    through the layer, a path outside refused and left alone."""
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    sb = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT,
+                 on_error=BranchAction.COMMIT)
+    for i in range(4):
+        r = sb.run(["sh", "-c", f"echo {i} > in{i}; echo {i} > {outside}/out{i}"],
+                   timeout=60)
+        assert r.exit_code != 0 and b"Permission denied" in r.stderr, r
+        assert (work / f"in{i}").read_text() == f"{i}\n"
+    assert list(outside.iterdir()) == []
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)
