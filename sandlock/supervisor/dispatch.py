@@ -108,12 +108,12 @@ def _with_workspace(name, other):
 def _exec_in_workspace(name, other):
     def handler(req, session):
         if session.cow is not None and not session.cow.pristine:
-            from . import cow_calls
+            from . import cow_exec
             if name == "execve":
-                redo = cow_calls.execve_check(req, session, -100, 0, 1, 0)
+                redo = cow_exec.execve_check(req, session, -100, 0, 1, 0)
             else:
-                redo = cow_calls.execve_check(req, session, req.arg_int(0), 1, 2,
-                                              req.arg_int(4))
+                redo = cow_exec.execve_check(req, session, req.arg_int(0), 1, 2,
+                                             req.arg_int(4))
             if redo is not None:
                 return redo  # re-issued with the layer's object (supervisor.reissue)
         return other(req, session) if session.runtime is not None else CONTINUE
