@@ -19,7 +19,8 @@ import socket
 import struct
 
 from . import libexec
-from ._kernel import mount_ns
+from ._kernel import fileops, mount_ns
+from ._kernel.fileops import AT_FDCWD
 from ._kernel.pidfd import pidfd_getfd, pidfd_open, pidfd_send_signal
 from .confinement import Confinement
 from .errors import ChildError, ForkError, NotifError, SandboxError
@@ -233,7 +234,15 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
                 os.close(program_fd)
         if overlay is not None or conf.protect_fd >= 0:  # it has mounted: past its unshare
             own_ns = mount_ns.hold(program)
-        attach(listener, pid)
+        if overlay is not None:
+            # The overlay's mount, taken now, before the program runs: what the supervisor
+            # later tells overlay objects by (supervisor.metadata, overlay_calls), never
+            # the path again, which the sandbox could have pointed elsewhere (review: its
+            # parent renamed, a plain directory made at the workdir's path).
+            attach(listener, pid, overlay_mount=fileops.mount_id(
+                AT_FDCWD, f"/proc/{program}/root{overlay[0]}"))
+        else:
+            attach(listener, pid)
         if hold:
             def release(status=status, ack_w=ack_w, discard=False):
                 if discard:

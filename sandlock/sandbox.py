@@ -452,7 +452,7 @@ class Sandbox:
             spawned = launch.spawn(
                 conf, os.fsencode(exe), [os.fsencode(a) for a in argv],
                 env, policy.cwd, child_fds,
-                attach=lambda listener, pid: supervisor().attach(listener, session, pid),
+                attach=functools.partial(_attach, session),
                 overlay=workspace.overlay if workspace is not None else None,
                 run_rules=workspace.run_rules if workspace is not None else None,
                 ruleset_ready=ruleset_ready, hold=hold, pass_fds=pass_fds,
@@ -724,6 +724,13 @@ _build_lock = threading.Lock()
 
 class CommandNotFound(SandlockError):
     """The command is not on the sandbox's PATH (run() reports it as exit status 127)."""
+
+
+def _attach(session, listener: int, pid: int, overlay_mount: int | None = None) -> None:
+    """launch.spawn's attach: the listener to the supervisor, with the overlay's mount id
+    (an overlay-backend workspace) noted before any call of the program is served."""
+    session.overlay_mount = overlay_mount
+    supervisor().attach(listener, session, pid)
 
 
 def _argv(cmd) -> list[str]:

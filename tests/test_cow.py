@@ -202,6 +202,32 @@ def test_runs_of_one_sandbox_are_confined_alike(tmp_path, backend):
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.skipif("overlay" not in BACKENDS, reason="overlay backend unavailable")
+def test_the_overlay_is_told_by_its_mount_not_by_the_workdir_s_path(tmp_path):
+    """(review) A sandbox that may write above the workdir can rename the workdir's
+    parent and make a plain directory at the workdir's path. The supervisor told overlay
+    objects by whatever that path named in the sandbox's view, so metadata changes there
+    were taken for the overlay's, skipping the checks of everything else. It records the
+    overlay's mount when the program starts now. The control: a chmod in the overlay,
+    before the move, is served."""
+    base = tmp_path / "base"
+    wd, other = base / "a" / "wd", base / "other"
+    wd.mkdir(parents=True)
+    other.mkdir()
+    (wd / "f").write_text("x")
+    (other / "g").write_text("y")
+    os.chmod(other / "g", 0o644)
+    script = (f"chmod 700 f || exit 9; mv {base}/a {base}/b && mkdir -p {base}/a/wd && "
+              f"ln {other}/g {base}/a/wd/g && chmod 777 {base}/a/wd/g; echo rc=$?")
+    sb = sandbox(fs_writable=[str(base)], workdir=str(wd), cwd=str(wd),
+                 workspace_backend="overlay", fs_storage=str(tmp_path / "store"),
+                 on_exit=BranchAction.ABORT)
+    r = sb.run(["sh", "-c", script], timeout=60)
+    assert r.stdout == b"rc=1\n", (r.stdout, r.stderr)
+    assert b"Operation not permitted" in r.stderr
+    assert stat.S_IMODE(os.stat(other / "g").st_mode) == 0o644
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)

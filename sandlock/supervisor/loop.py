@@ -76,6 +76,7 @@ class Session:
         self.cow = None         # sandlock.cow.CowLayer when there is a copy-on-write workdir
         self.own_mounts = False  # the sandbox has a mount namespace of its own
         self.overlay = False    # ... holding an overlay-backend workspace
+        self.overlay_mount = None  # ... whose mount has this id (launch.spawn)
         self.protection = None  # supervisor.guard.Protection: the user's files kept
         self.forks = None       # supervisor.forks.ForkBudget under max_processes
         self.user_handlers = None  # supervisor.user_handlers.UserHandlers (custom handlers)

@@ -27,7 +27,7 @@ XATTR_SIZE_MAX = 65536
 _UID_UNCHANGED = 0xFFFFFFFF
 
 
-def _check(fd: int, session, pid: int = 0) -> None:
+def _check(fd: int, session) -> None:
     """Decide on the inode behind `fd`; raise Denied unless it may be changed."""
     st = os.fstat(fd)
     if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
@@ -40,7 +40,7 @@ def _check(fd: int, session, pid: int = 0) -> None:
         return  # the sandbox's private copy in its copy-on-write layer
     ws = policy.workspace
     if session.own_mounts and ws is not None and is_beneath(path, ws.workdir) and \
-            _on_overlay(fd, ws.workdir, pid):
+            on_overlay(fd, session):
         return  # the overlay backend's view of the workdir: changes reach its layer
     if ws is not None and is_beneath(path, ws.workdir) or any(
             is_beneath(path, e) for e in policy.write_excluded):
@@ -58,15 +58,17 @@ def _check(fd: int, session, pid: int = 0) -> None:
         raise Denied(errno.EPERM, f"{path} is one of the user's protected files")
 
 
-def _on_overlay(fd: int, workdir: str, pid: int) -> bool:
-    """Is the object behind `fd` in the overlay over the workdir (process `pid`'s view, not
-    the real workdir beneath it)? By mount, not device: with the layer's storage on
-    another filesystem than the workdir, overlayfs reports a file's own filesystem's
-    device, and chmod, utimes and xattrs of every file were refused (hunt: `cc -o app`
-    committed app without its execute bit)."""
+def on_overlay(fd: int, session) -> bool:
+    """Is the object behind `fd` in the overlay over the workdir (not the real workdir
+    beneath it)? By the mount the overlay was made as (launch.spawn, before the program
+    ran), not by device — with the layer's storage on another filesystem overlayfs reports
+    a file's own filesystem's device (hunt: chmod, utimes and xattrs of every file were
+    refused) — and not by the workdir's path in the sandbox's view, which a sandbox that
+    may write above the workdir can point at a directory of its own (review)."""
+    if session.overlay_mount is None:
+        return False
     try:
-        mount = fileops.mount_id(AT_FDCWD_, f"/proc/{pid}/root{workdir}")
-        return fileops.mount_id(fd) == mount != fileops.mount_id(AT_FDCWD_, workdir)
+        return fileops.mount_id(fd) == session.overlay_mount
     except OSError:
         return False
 
@@ -112,7 +114,7 @@ def _path_target(req: Request, session, dirfd: int, path_arg: int, at_flags: int
 def _run(req: Request, session, fd: int, act) -> int:
     """Check, confirm the notification is still live, act; always close `fd`."""
     try:
-        _check(fd, session, req.pid)
+        _check(fd, session)
         if not req.still_valid():
             raise Denied(errno.ESRCH, "the calling task is gone")
         act(fd)

@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 
-from .._kernel.fileops import AT_FDCWD, RESOLVE_IN_ROOT, openat2, renameat2
+from .._kernel.fileops import AT_FDCWD, RESOLVE_IN_ROOT, mount_id, openat2, renameat2
 from .network import CONTINUE
 from .request import Denied, Request
 
@@ -31,7 +31,7 @@ class _Parent:
     """The directory holding a name, opened in the sandbox's view; None when it is not in
     the workspace's overlay."""
 
-    def __init__(self, req: Request, workdir: str, dirfd: int, path: bytes):
+    def __init__(self, req: Request, workdir: str, dirfd: int, path: bytes, mount: int):
         self.fd = -1
         self.name = None
         full = os.fsdecode(path if path.startswith(b"/")
@@ -47,8 +47,11 @@ class _Parent:
                          RESOLVE_IN_ROOT)
         finally:
             os.close(root)
-        mount = os.stat(f"/proc/{req.pid}/root{workdir}")
-        if os.fstat(fd).st_dev != mount.st_dev:  # a symlink on the way led out of it
+        try:  # the overlay's own mount (launch.spawn), not whatever its path names now
+            inside = mount_id(fd) == mount
+        except OSError:
+            inside = False
+        if not inside:  # a symlink on the way led out of it, or the path was pointed away
             os.close(fd)
             return
         self.fd, self.name = fd, name
@@ -83,9 +86,11 @@ def _move_tree(old: _Parent, new: _Parent) -> None:
 
 
 def _rename(req: Request, session, odirfd, oarg, ndirfd, narg, flags):
-    workdir = session.policy.workspace.workdir
-    old = _Parent(req, workdir, odirfd, req.read_path(oarg))
-    new = _Parent(req, workdir, ndirfd, req.read_path(narg))
+    workdir, mount = session.policy.workspace.workdir, session.overlay_mount
+    if mount is None:
+        return CONTINUE  # never: an overlay sandbox is attached with its mount
+    old = _Parent(req, workdir, odirfd, req.read_path(oarg), mount)
+    new = _Parent(req, workdir, ndirfd, req.read_path(narg), mount)
     try:
         if old.fd < 0 or new.fd < 0:
             return CONTINUE  # a name outside the workspace: the kernel and Landlock decide
