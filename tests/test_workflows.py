@@ -314,7 +314,8 @@ WORKFLOWS = {
     # layer made a file of `mv f zz/`, `ln f zz/`, `ln -s f zz/`.
     "trailing-slash-names": ({"f": b"1\n", "e": b"2\n", "d/x": b"3\n"},
                              "{ mv f zz/; ln e yy/; ln -s e ss/; ln e d/; mkfifo ff/; "
-                             "true > cc/; true > e/; mv d dd/; mkdir nn/; ls -R; } 2>&1",
+                             "true > cc/; true > e/; true > no/cc/; mkdir e/; mv d dd/; mkdir nn/; "
+                             "ls -R; } 2>&1",
                              ()),
     "npm-run-script": ({"package.json": b'{"name": "p", "version": "1.0.0", "scripts": '
                                         b'{"build": "node -e \\"require(\'fs\').writeFileSync('

@@ -140,7 +140,10 @@ def serve_one(conn: socket.socket, started: float, client: bytes | None,
         # "go" is awaited in _run. A setup that fails is told with "F" (the client falls
         # back; nothing ran).
         conn.send(b"A")
-        why = peer.take_on(attrs)
+        try:
+            why = peer.take_on(attrs)
+        except Exception as e:  # any failure is a refusal after the "A" (review)
+            why = f"cannot take the caller's attributes ({e!r})"
         if why is not None:
             _refuse_late(conn, why)
             return True

@@ -223,6 +223,14 @@ def _accept(listener: socket.socket, quit_r: int, news: socket.socket | None = N
             ready = {fd for fd, _ in ep.poll()}
             if quit_r in ready:
                 return None
+            if listener.fileno() in ready:  # first: its wakeup was this spare's alone
+                try:
+                    conn, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    conn = None
+                if conn is not None:
+                    conn.setblocking(True)
+                    return conn
             if news is not None and news.fileno() in ready:
                 try:
                     m = news.recv(prepared.MAX_REPORT + 1)
@@ -233,15 +241,6 @@ def _accept(listener: socket.socket, quit_r: int, news: socket.socket | None = N
                     news = None
                 elif not on_news(m):
                     return None
-                continue
-            if listener.fileno() not in ready:
-                continue
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                continue
-            conn.setblocking(True)
-            return conn
     finally:
         ep.close()
 

@@ -69,7 +69,9 @@ def _open(req: Request, session, dirfd: int, path: bytes, flags: int, mode: int,
     follow = lookup_follows(rel, not (flags & os.O_NOFOLLOW)) and not excl
     writes = acc != os.O_RDONLY or bool(flags & os.O_TRUNC)
     if creat and rel.endswith("/"):  # the kernel's answer, once the parent is found
-        located(session, req, os.path.dirname(rel.rstrip("/")) or ".", True, False)
+        parent = located(session, req, os.path.dirname(rel.rstrip("/")) or ".", True, False)
+        if parent.kind == MISSING:
+            raise OSError(errno.ENOENT, "No such file or directory")
         raise OSError(errno.EISDIR, "Is a directory")
     with layer.lock:
         loc = located(session, req, rel, follow, writes or creat)
@@ -222,8 +224,11 @@ def _create_at(req, session, dirfd, path_arg, make, directory: bool = False):
     if rel is None:
         return CONTINUE
     with session.cow.lock:
-        if rel.endswith("/") and not directory:
-            _slashed_new_name(session, req, rel)
+        if rel.endswith("/"):
+            if not directory:
+                _slashed_new_name(session, req, rel)
+            if located(session, req, rel.rstrip("/") or rel, False, False).kind != MISSING:
+                raise OSError(errno.EEXIST, "File exists")  # "file/": EEXIST, not ENOTDIR
         loc = located(session, req, rel, False, True)
         if loc.kind != MISSING and loc.kind != OUTSIDE:
             raise OSError(errno.EEXIST, "File exists")
