@@ -228,6 +228,43 @@ def test_the_overlay_is_told_by_its_mount_not_by_the_workdir_s_path(tmp_path):
     assert stat.S_IMODE(os.stat(other / "g").st_mode) == 0o644
 
 
+@pytest.mark.parametrize("replace", ["directory", "symlink"])
+def test_a_commit_never_writes_where_the_sandbox_moved_the_workdir(tmp_path, backend,
+                                                                   replace):
+    """(review) A sandbox that may write above the workdir renames the workdir's parent
+    and leaves, at its path, a directory of its own — or a symlink to another directory
+    that happens to hold one of the workdir's name, outside every grant. The commit
+    opened the workdir by path and wrote the run's files there. It is refused now (the
+    workdir's identity is kept with the layer), and the layer kept. The control: the same
+    run that does not move it commits."""
+    base, victim = tmp_path / "base", tmp_path / "victim"
+    wd = base / "a" / "wd"
+    wd.mkdir(parents=True)
+    (victim / "wd").mkdir(parents=True)
+    leave = (f"mkdir -p {base}/a/wd" if replace == "directory" else
+             f"ln -s {victim} {base}/a")
+
+    def run(move: bool):
+        sb = sandbox(fs_writable=[str(base)], workdir=str(wd), cwd=str(base),
+                     workspace_backend=backend, fs_storage=str(tmp_path / "store"),
+                     on_exit=BranchAction.COMMIT)
+        script = f"echo new > {wd}/planted" + (
+            f" && mv {base}/a {base}/b && {leave}" if move else "")
+        return sb.run(["sh", "-c", script], timeout=60)
+    r = run(move=False)
+    assert r.success and (wd / "planted").read_text() == "new\n", r
+    (wd / "planted").unlink()
+    r = run(move=True)
+    if b"mv: cannot move" in r.stderr:  # the seccomp backend's workdir stays put: its
+        assert backend == "seccomp" and not r.success  # ancestors are not the sandbox's
+    else:  # to rename
+        assert r.error is not None and ("no longer the directory" in r.error
+                                        or "cannot be reached" in r.error), (r, r.stderr)
+    assert not (victim / "wd" / "planted").exists()
+    assert not (base / "a" / "wd" / "planted").exists()
+    assert not (base / "b" / "wd" / "planted").exists()  # the moved workdir: not applied
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)

@@ -29,7 +29,7 @@ import secrets
 import shutil
 import stat
 
-from .._kernel.fileops import open_beneath
+from .._kernel.fileops import open_beneath, open_no_symlinks
 from ..errors import BranchError
 from .changes import Change, _kind, diff, sha256_fd, xattr_digest
 from .layer import CowLayer
@@ -333,23 +333,42 @@ def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
         layer.discard()
         return
     with layer.lock, searchable(layer.upper):  # a directory the sandbox left mode 000
-        if os.path.exists(plan_path):
-            with open(plan_path) as f:
-                plan = json.load(f)
-        else:
-            changes = diff(layer) if changes is None else changes
-            _preflight(layer, changes)
-            plan = _plan(layer, changes)
-            _write_json(plan_path, plan)
-        root_fd = os.open(layer.lower, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
-                          | os.O_CLOEXEC)
+        root_fd = _workdir(layer)
         try:
+            if os.path.exists(plan_path):
+                with open(plan_path) as f:
+                    plan = json.load(f)
+            else:
+                changes = diff(layer) if changes is None else changes
+                _preflight(layer, changes)
+                plan = _plan(layer, changes)
+                _write_json(plan_path, plan)
             for op in plan["ops"]:
                 _STEPS[op["op"]](layer, root_fd, op, plan["id"])
         finally:
             os.close(root_fd)
         os.rename(plan_path, done_path)
     layer.discard()
+
+
+def _workdir(layer: CowLayer) -> int:
+    """The workdir the run started on (O_PATH), reached with no symlink on the way; else
+    CommitRefused. A sandbox that may write above the workdir could have moved it and
+    left a directory, or a symlink to another one, at its path (review): the commit
+    would have written there."""
+    try:
+        fd = open_no_symlinks(layer.lower, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC)
+    except OSError as e:
+        raise CommitRefused(f"{layer.lower}: the workdir cannot be reached as it was "
+                            f"({e.strerror}); the layer is kept") from None
+    st = os.fstat(fd)
+    if layer.lower_identity is not None and \
+            (st.st_dev, st.st_ino) != tuple(layer.lower_identity):
+        os.close(fd)
+        raise CommitRefused(f"{layer.lower} is no longer the directory the run started on "
+                            f"(moved or replaced since); the layer is kept")
+    return fd
 
 
 def interrupted(root: str) -> bool:

@@ -97,6 +97,9 @@ class CowLayer:
         # While 0, every directory of the workdir is where its name says.
         self._generation = 0
         self._origin_index: tuple[int, dict[str, str]] = (-1, {})
+        # (device, inode) of the workdir when the layer was made: the commit applies it
+        # to that directory only (layer.json; None for a layer of before it was kept).
+        self.lower_identity: tuple[int, int] | None = None
         if create:
             os.makedirs(self.upper, mode=0o700)
             try:
@@ -107,9 +110,11 @@ class CowLayer:
                 raise OSError(e.errno, f"copy-on-write storage {root} does not support user "
                                        f"xattrs ({e.strerror}); choose another fs_storage")
             st = os.stat(self.lower)
+            self.lower_identity = (st.st_dev, st.st_ino)
             os.chmod(self.upper, stat.S_IMODE(st.st_mode))
             with open(os.path.join(root, "layer.json"), "w") as f:
-                json.dump({"version": 1, "lower": self.lower}, f)
+                json.dump({"version": 1, "lower": self.lower,
+                           "identity": [st.st_dev, st.st_ino]}, f)
 
     @classmethod
     def open(cls, root: str) -> "CowLayer":
@@ -118,7 +123,10 @@ class CowLayer:
             meta = json.load(f)
         if meta.get("version") != 1:
             raise OSError(errno.EINVAL, f"{root}: unknown copy-on-write layer format")
-        return cls(meta["lower"], root, create=False)
+        layer = cls(meta["lower"], root, create=False)
+        if "identity" in meta:  # layers of before it was recorded: none
+            layer.lower_identity = tuple(meta["identity"])
+        return layer
 
     # --- naming ----------------------------------------------------------------------------
 

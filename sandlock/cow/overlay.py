@@ -60,14 +60,19 @@ class OverlayLayer:
         self.work = os.path.join(root, "work")
         self.lock = threading.RLock()
         self.on_first_change = None  # the seccomp backend's; unused here
+        # (device, inode) of the workdir when the layer was made: the commit applies it
+        # to that directory only (layer.json; None for a layer of before it was kept).
+        self.lower_identity: tuple[int, int] | None = None
         if create:
             os.makedirs(self.upper, mode=0o700)
             os.mkdir(self.work, 0o700)
             # The merged root directory takes the upper one's attributes.
             st = os.stat(self.lower)
+            self.lower_identity = (st.st_dev, st.st_ino)
             os.chmod(self.upper, stat.S_IMODE(st.st_mode))
             with open(os.path.join(root, "layer.json"), "w") as f:
-                json.dump({"version": 1, "lower": self.lower, "backend": "overlay"}, f)
+                json.dump({"version": 1, "lower": self.lower, "backend": "overlay",
+                           "identity": [st.st_dev, st.st_ino]}, f)
 
     @classmethod
     def open(cls, root: str) -> "OverlayLayer":
@@ -75,7 +80,10 @@ class OverlayLayer:
             meta = json.load(f)
         if meta.get("version") != 1 or meta.get("backend") != "overlay":
             raise OSError(errno.EINVAL, f"{root}: not an overlay layer")
-        return cls(meta["lower"], root, create=False)
+        layer = cls(meta["lower"], root, create=False)
+        if "identity" in meta:  # layers of before it was recorded: none
+            layer.lower_identity = tuple(meta["identity"])
+        return layer
 
     # --- what changed -------------------------------------------------------------------------
 
