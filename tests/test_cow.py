@@ -265,6 +265,48 @@ def test_a_commit_never_writes_where_the_sandbox_moved_the_workdir(tmp_path, bac
     assert not (base / "b" / "wd" / "planted").exists()  # the moved workdir: not applied
 
 
+def test_names_made_outside_during_a_run_survive_its_commit(tmp_path, backend):
+    """(hunt) The seccomp backend's commit deleted every name made in the workdir by
+    someone else during the run, in each directory the run changed (a file, a tree, a
+    symlink; another sandbox's output on the same workdir). They stay now; what the run
+    removed is still removed (the control). An untouched file removed outside meanwhile
+    stays removed (its commit failed with ENOENT, every time)."""
+    import threading
+    work, sig = tmp_path / "work", tmp_path / "sig"
+    (work / "sub").mkdir(parents=True)
+    sig.mkdir()
+    (work / "a").write_text("a")
+    (work / "gone").write_text("g")
+    (work / "u").write_text("u")  # untouched by the run, removed outside during it
+    script = (f"touch h sub/h2 && rm gone && touch {sig}/ready && "
+              f"while [ ! -e {sig}/go ]; do sleep 0.05; done")
+    sb = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT,
+                 fs_writable=[str(sig)])
+    out = []
+    t = threading.Thread(target=lambda: out.append(sb.run(["sh", "-c", script],
+                                                          timeout=60)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not (sig / "ready").exists():
+        assert time.monotonic() < deadline and t.is_alive(), out
+        time.sleep(0.02)
+    (work / "new.txt").write_text("mine")
+    (work / "od" / "deep").mkdir(parents=True)
+    (work / "od" / "deep" / "z").write_text("z")
+    os.symlink("a", work / "ln")
+    (work / "sub" / "new2").write_text("mine too")
+    (work / "u").unlink()
+    (sig / "go").touch()
+    t.join(60)
+    r = out[0]
+    assert r.success, (r, r.stderr)
+    assert sorted(os.listdir(work)) == ["a", "h", "ln", "new.txt", "od", "sub"]
+    assert (work / "new.txt").read_text() == "mine"
+    assert (work / "od" / "deep" / "z").read_text() == "z"
+    assert os.readlink(work / "ln") == "a"
+    assert sorted(os.listdir(work / "sub")) == ["h2", "new2"]
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)

@@ -349,7 +349,9 @@ def _prepare(base: str, name: str) -> str:
         os.chmod(dirpath, 0o777)
         for f in filenames:
             p = os.path.join(dirpath, f)
-            os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) | 0o666)
+            st = os.lstat(p)
+            if not stat.S_ISLNK(st.st_mode):  # chmod follows a link: never out of the tree
+                os.chmod(p, stat.S_IMODE(st.st_mode) | 0o666)
     for rel, data in ({} if callable(setup) else setup).items():
         if isinstance(data, tuple) and not data[1] & 0o222:  # a read-only file, kept so
             os.chmod(os.path.join(root, rel), data[1])

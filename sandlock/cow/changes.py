@@ -215,12 +215,14 @@ def _compare(layer: CowLayer, udir: str, rel: str, out: list) -> None:
         layer._materialize(udir)
     ldir = os.path.join(layer.lower, rel) if rel else layer.lower
     upper_names, lower_names = set(os.listdir(udir)), set(_names(ldir))
+    seen = layer.seen_names(udir)  # what the run could have removed (None: all)
     for name in sorted(upper_names | lower_names):
         r = f"{rel}/{name}" if rel else name
         upath, lpath = os.path.join(udir, name), os.path.join(ldir, name)
-        if name in upper_names and name in lower_names and \
-                layer.placeholder_origin(upath) == r:
-            continue  # the lower file itself, untouched (never hashed)
+        if name in upper_names and layer.placeholder_origin(upath) == r:
+            continue  # the lower file itself, untouched (never hashed), or removed outside
+        if name not in upper_names and seen is not None and name not in seen:
+            continue  # made in the workdir during the run, by someone else: not a change
         before = entry(lpath) if name in lower_names else None
         if name not in upper_names:
             out.append(Change(r, "deleted", before, None))

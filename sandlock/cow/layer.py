@@ -35,8 +35,8 @@ import threading
 from .._kernel.fileops import open_no_symlinks
 from ..fs_rules import is_beneath
 
-from .location import (IDENTITY, LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE, PENDING,  # noqa: F401
-                       UPPER, Loc)
+from .location import (IDENTITY, LOWER, MAX_LINKS, MISSING, ORIGIN, OUTSIDE,  # noqa: F401
+                       PENDING, SEEN, UPPER, Loc)
 from .ownfiles import (copy_data, copy_metadata, in_own_dir, read_unreadable, remove_tree,
                        tree_usage)
 
@@ -233,6 +233,7 @@ class CowLayer:
                     os.setxattr(fd, ORIGIN, os.fsencode(rel))
                 finally:
                     os.close(fd)
+        self._note_seen(udir, ino, [e.name for e in entries])
         os.removexattr(udir, PENDING)
         self._complete.add(ino)
         try:
@@ -240,6 +241,34 @@ class CowLayer:
             os.utime(udir, ns=(lst.st_atime_ns, lst.st_mtime_ns))
         except OSError:
             pass
+
+    def _note_seen(self, udir: str, ino: int, names: list[str]) -> None:
+        """The names the workdir's directory held when `udir` was materialized, kept in the
+        layer's storage (named by the SEEN xattr, so a directory made later on a reused
+        inode has none): a name missing from `udir` is one the run removed only if it was
+        seen; one made in the workdir since, by someone else, is not the run's to remove
+        (hunt: the commit deleted files made outside during a run)."""
+        seen_dir = os.path.join(self.root, "seen")
+        os.makedirs(seen_dir, mode=0o700, exist_ok=True)
+        token = f"{ino}-{secrets.token_hex(4)}"
+        tmp = os.path.join(seen_dir, token + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(b"\0".join(os.fsencode(n) for n in names))
+        os.rename(tmp, os.path.join(seen_dir, token))
+        os.setxattr(udir, SEEN, token.encode())
+
+    def seen_names(self, udir: str) -> set[str] | None:
+        """The workdir names `udir` was materialized from (_note_seen), or None: a directory
+        the run made, or a layer of before they were kept."""
+        token = _xattr(udir, SEEN)
+        if token is None or "/" in token or token.startswith("."):
+            return None
+        try:
+            with open(os.path.join(self.root, "seen", token), "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        return {os.fsdecode(n) for n in data.split(b"\0") if n}
 
     def placeholder_origin(self, upath: str) -> str | None:
         """The lower relpath a placeholder stands for, or None for a private entry."""

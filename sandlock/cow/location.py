@@ -8,6 +8,7 @@ from typing import NamedTuple
 ORIGIN = "user.sandlock.origin"    # on placeholders and pending directories: lower relpath
 PENDING = "user.sandlock.pending"  # on directories not yet materialized
 IDENTITY = "user.sandlock.identity"  # on a copied-up file: "dev:ino" of its workdir origin
+SEEN = "user.sandlock.seen"  # on a materialized directory: its file of names seen (layer.py)
 XATTR_PREFIX = "user.sandlock."
 MAX_LINKS = 40
 
