@@ -215,7 +215,9 @@ def _compare(layer: CowLayer, udir: str, rel: str, out: list) -> None:
         layer._materialize(udir)
     ldir = os.path.join(layer.lower, rel) if rel else layer.lower
     upper_names, lower_names = set(os.listdir(udir)), set(_names(ldir))
-    seen = layer.seen_names(udir)  # what the run could have removed (None: all)
+    # What the run could have removed (None: all of it) — when udir stands for this very
+    # directory of the workdir; one moved here replaced it, and with it all it held.
+    seen = layer.seen_names(udir) if _xattr(udir, ORIGIN) == (rel or ".") else None
     for name in sorted(upper_names | lower_names):
         r = f"{rel}/{name}" if rel else name
         upath, lpath = os.path.join(udir, name), os.path.join(ldir, name)
