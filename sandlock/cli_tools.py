@@ -130,21 +130,26 @@ def check(a) -> int:
 
 def workspace(a) -> int:
     from . import cow
+    from .errors import BranchError
     try:
         layer = cow.open_layer(a.layer)
         if a.action == "diff":
             if cow.interrupted(a.layer):
                 _say("a commit of this layer was interrupted; `sandlock workspace "
                       "commit` finishes it")
-            print(cow.table(cow.diff(layer)))
+            try:  # what a commit applies: the run's changes as recorded when kept
+                changes = cow.kept_changes(layer)
+            except BranchError as e:  # kept unchecked: what the layer holds, said so
+                _say(f"note: {e}")
+                changes = None
+            print(cow.table(cow.diff(layer) if changes is None else changes))
         elif a.action == "commit":
-            changes = cow.diff(layer) if not cow.interrupted(a.layer) else None
-            cow.commit(layer, changes)
+            cow.commit(layer)  # the recorded changes (or an interrupted commit's plan)
             _say(f"committed to {layer.lower}")
         else:
             layer.discard()
             _say(f"discarded {a.layer}")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, BranchError) as e:
         _say(f"error: {a.layer}: {e}")
         return EXIT_SANDLOCK
     return 0

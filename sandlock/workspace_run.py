@@ -79,10 +79,16 @@ class _Workspace:
             self.action = BranchAction.KEEP
             self.error = (f"sandboxed processes were still running after the program ended; "
                           f"{action.value} not done, layer kept in {self.layer.root}")
+            try:
+                cow.keep(self.layer, None)
+            except OSError:
+                pass
             return
+        checked = False
         try:
             self.changes = cow.diff(self.layer)
             self._refuse_protected(session)
+            checked = True
             if self.max_disk is not None and action == BranchAction.COMMIT:
                 used = self.layer.usage()
                 if used > self.max_disk:
@@ -91,6 +97,10 @@ class _Workspace:
                                   f"({self.max_disk}): changes discarded")
             self._apply(action)
         except Exception as e:  # never lose the layer on a failure: keep it for a retry
+            try:  # a failed commit's or abort's layer: its changes as read, if they were
+                cow.keep(self.layer, self.changes if checked else None)
+            except OSError:
+                pass
             self.action = BranchAction.KEEP
             self.error = f"copy-on-write {action.value} failed: {e}; layer kept in " \
                          f"{self.layer.root}"
@@ -138,6 +148,8 @@ class _Workspace:
             self.layer.discard()
         elif action == BranchAction.DEFER:
             self.pending = True
+        elif action == BranchAction.KEEP:
+            cow.keep(self.layer, self.changes)
 
     def commit(self) -> None:
         """Apply a deferred run's changes to the workdir."""

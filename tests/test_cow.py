@@ -417,8 +417,8 @@ def test_the_layer_storage_is_not_reachable_from_the_sandbox(tree, tmp_path, bac
                      f"echo '{{}}' > {store}/*/commit.json; echo rc=$?"])
     assert r.stdout.decode().split() == ["rc=2", "rc=1", "rc=2"], r.stdout
     root = r.kept
-    assert sorted(os.listdir(root)) in (["layer.json", "seen", "upper"],  # seccomp
-                                        ["layer.json", "upper", "work"])  # nothing planted
+    assert sorted(os.listdir(root)) in (["kept.json", "layer.json", "seen", "upper"],
+                                        ["kept.json", "layer.json", "upper", "work"])
     assert open(os.path.join(root, "upper", "new.txt")).read() == "x\n"  # control
     open_layer(root).discard()
 
@@ -861,6 +861,45 @@ def test_cli_keep_then_workspace_diff_and_commit(tree, tmp_path):
     assert (work / "readme.txt").read_text() == "v2\n" and not (work / "lib").exists()
     gone = subprocess.run(sl + ["workspace", "commit", layer], capture_output=True, text=True)
     assert gone.returncode == 125 and "layer.json" in gone.stderr
+
+
+@pytest.mark.parametrize("backend_", BACKENDS)
+def test_a_kept_layer_commits_what_its_run_was_granted_and_nothing_changed_since(
+        tmp_path, backend_):
+    """(hunt, review) `--on-exit keep`, then `sandlock workspace commit`: the commit read
+    the layer again, so it applied what the run had been refused (a git hook: a
+    persistence vector) and put the run's version back over an edit made outside since.
+    It applies the changes recorded when the run ended now, and is refused where the
+    workdir changed since (a DEFER did so already). The control: a second kept run with
+    no edit outside commits."""
+    work = tmp_path / "work"
+    (work / ".git" / "hooks").mkdir(parents=True)
+    (work / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (work / "f").write_text("orig\n")
+    sl = [sys.executable, "-m", "sandlock"]
+
+    def keep(script):
+        r = subprocess.run(sl + ["run", "--workdir", str(work), "--cwd", str(work),
+                                 "--fs-storage", str(tmp_path / "store"),
+                                 "--workspace-backend", backend_, "--on-exit", "keep",
+                                 "--", "sh", "-c", script],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, SANDLOCK_SERVICE="0"))
+        assert r.returncode == 0, r.stderr
+        return r.stderr.split("(layer: ")[1].split(";")[0]
+    layer = keep("echo run >> f; echo 'echo evil' > .git/hooks/pre-commit 2>/dev/null; :")
+    (work / "f").write_text("edited outside\n")
+    c = subprocess.run(sl + ["workspace", "commit", layer], capture_output=True, text=True)
+    assert c.returncode == 125 and "changed in the workdir since the run" in c.stderr, \
+        c.stderr
+    assert (work / "f").read_text() == "edited outside\n"
+    assert os.path.isdir(layer)  # kept, for the user to decide
+    subprocess.run(sl + ["workspace", "abort", layer], check=True, capture_output=True)
+    layer = keep("echo run >> f; echo 'echo evil' > .git/hooks/pre-commit 2>/dev/null; :")
+    c = subprocess.run(sl + ["workspace", "commit", layer], capture_output=True, text=True)
+    assert c.returncode == 0, c.stderr
+    assert (work / "f").read_text() == "edited outside\nrun\n"
+    assert not (work / ".git" / "hooks" / "pre-commit").exists()
 
 
 def test_policy_fn_sees_workspace_opens_and_its_deny_path_holds(tree, tmp_path):

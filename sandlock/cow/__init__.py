@@ -15,9 +15,10 @@ import os
 
 # Loaded on first use: the supervisor imports sandlock.cow.location at every start.
 _LAZY = {"Change": "changes", "diff": "changes", "table": "changes", "commit": "committing",
-         "interrupted": "committing", "CowLayer": "layer", "OverlayLayer": "overlay"}
+         "interrupted": "committing", "keep": "committing", "kept_changes": "committing", "CowLayer": "layer", "OverlayLayer": "overlay"}
 
 __all__ = ["Change", "CowLayer", "OverlayLayer", "commit", "create", "diff", "interrupted",
+           "keep", "kept_changes",
            "table", "default_storage", "open_layer"]
 
 

@@ -31,11 +31,14 @@ import stat
 
 from .._kernel.fileops import open_beneath, open_no_symlinks
 from ..errors import BranchError
-from .changes import Change, _kind, diff, sha256_fd, xattr_digest
+from .changes import Change, Entry, _kind, diff, sha256_fd, xattr_digest
 from .layer import CowLayer
 from .ownfiles import copy_data, copy_metadata, open_read, permits, searchable
 
 PLAN, DONE = "commit.json", "commit.done"
+# A kept layer's record of its run's changes (keep()): what a later commit applies, and
+# what it finds changed outside since; or the note that they were never checked.
+KEPT, UNCHECKED = "kept.json", "kept.unchecked"
 
 
 def _check_rel(rel: str) -> str:
@@ -339,6 +342,8 @@ def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
                 with open(plan_path) as f:
                     plan = json.load(f)
             else:
+                if changes is None:
+                    changes = kept_changes(layer)
                 changes = diff(layer) if changes is None else changes
                 _preflight(layer, changes)
                 plan = _plan(layer, changes)
@@ -349,6 +354,47 @@ def commit(layer: CowLayer, changes: list[Change] | None = None) -> None:
             os.close(root_fd)
         os.rename(plan_path, done_path)
     layer.discard()
+
+
+def keep(layer: CowLayer, changes: list[Change] | None) -> None:
+    """Record, in a layer kept (KEEP), the run's changes as they were read when the run
+    ended — the user's protected files already left out — or, with None, that they were
+    never read (tasks of the sandbox still ran). A later commit applies only those, and
+    is refused where the workdir changed since (review: `sandlock workspace commit`
+    read the layer again, so it applied a git hook the run had been refused, and put
+    the run's version back over an edit made outside meanwhile)."""
+    if changes is None:
+        with open(os.path.join(layer.root, UNCHECKED), "w") as f:
+            f.write("tasks of the sandbox still ran when it was kept\n")
+        return
+    _write_json(os.path.join(layer.root, KEPT), {"version": 1, "changes": [
+        {"path": c.path, "action": c.action,
+         "before": None if c.before is None else _entry_fields(c.before),
+         "after": None if c.after is None else _entry_fields(c.after)} for c in changes]})
+
+
+def _entry_fields(e: Entry) -> dict:
+    return {"kind": e.kind, "mode": e.mode, "size": e.size, "hash": e.hash,
+            "mtime_ns": e.mtime_ns, "source": e.source, "xattrs": e.xattrs}
+
+
+def kept_changes(layer: CowLayer) -> list[Change] | None:
+    """The changes keep() recorded (None: a layer kept by an earlier version, read again);
+    CommitRefused for a layer kept unchecked."""
+    if os.path.exists(os.path.join(layer.root, UNCHECKED)):
+        raise CommitRefused(f"{layer.root} was kept while tasks of its sandbox still ran: "
+                            f"its changes were never checked (the user's protected files "
+                            f"among them); `sandlock workspace diff` shows them, to copy "
+                            f"by hand, or discard it")
+    try:
+        with open(os.path.join(layer.root, KEPT)) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    return [Change(c["path"], c["action"],
+                   None if c["before"] is None else Entry(**c["before"]),
+                   None if c["after"] is None else Entry(**c["after"]))
+            for c in data["changes"]]
 
 
 def _workdir(layer: CowLayer) -> int:
