@@ -57,7 +57,8 @@ class Confinement:
     _rules: dict | None = None
     # A run's ruleset built ahead, while the run before it went on: (its extra rules, it).
     _next: tuple | None = None
-    _next_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _next_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
+                                       compare=False)
     _run_rulesets: int = 0  # built so far: a policy run once (the CLI) builds none ahead
 
     def run_ruleset(self, extra: dict | None = None) -> landlock.LandlockRuleset | None:

@@ -209,13 +209,14 @@ def _may_change_names(req, layer, udir: str, target: str | None = None) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")
 
 
-def _slashed_new_name(session, req, rel: str) -> None:
-    """A name to create as anything but a directory, spelled with a trailing '/': the
-    kernel's refusal (filename_create), EEXIST if the name exists, else ENOENT (hunt: the
-    layer made a file `zz` for `ln f zz/` and `mv f zz/`)."""
-    loc = located(session, req, rel.rstrip("/") or rel, False, False)
-    raise OSError(errno.ENOENT if loc.kind == MISSING else errno.EEXIST,
-                  os.strerror(errno.ENOENT if loc.kind == MISSING else errno.EEXIST))
+def _refuse_slashed(session, req, rel: str, directory: bool = False) -> None:
+    """A name to create spelled with a trailing '/' (it names a directory): the kernel's
+    refusal (filename_create), EEXIST if the name exists, else ENOENT unless a directory
+    is what is made (hunt: the layer made a file `zz` for `ln f zz/` and `mv f zz/`)."""
+    if located(session, req, rel.rstrip("/") or rel, False, False).kind != MISSING:
+        raise OSError(errno.EEXIST, "File exists")
+    if not directory:
+        raise OSError(errno.ENOENT, "No such file or directory")
 
 
 def _create_at(req, session, dirfd, path_arg, make, directory: bool = False):
@@ -225,10 +226,7 @@ def _create_at(req, session, dirfd, path_arg, make, directory: bool = False):
         return CONTINUE
     with session.cow.lock:
         if rel.endswith("/"):
-            if not directory:
-                _slashed_new_name(session, req, rel)
-            if located(session, req, rel.rstrip("/") or rel, False, False).kind != MISSING:
-                raise OSError(errno.EEXIST, "File exists")  # "file/": EEXIST, not ENOTDIR
+            _refuse_slashed(session, req, rel, directory)
         loc = located(session, req, rel, False, True)
         if loc.kind != MISSING and loc.kind != OUTSIDE:
             raise OSError(errno.EEXIST, "File exists")
@@ -414,7 +412,7 @@ def _link(req, session, odirfd, oarg, ndirfd, narg, follow):
     layer = session.cow
     with layer.lock:
         if nrel.endswith("/"):
-            _slashed_new_name(session, req, nrel)
+            _refuse_slashed(session, req, nrel)
         old = _inside(session, located(session, req, orel, follow, True))
         new = _inside(session, located(session, req, nrel, False, True))
         for loc in (old, new):
