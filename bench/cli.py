@@ -1,6 +1,8 @@
 """The CLI's start: `sandlock run -- /bin/true` through the C client and a warm CLI
 service, cold (no service yet), and in-process (`python -P -m sandlock`), beside bare
-execution, `python3 -c pass`, bubblewrap and upstream's Python one-shot; `net-run` warm.
+execution, `python3 -c pass`, bubblewrap and upstream's Python one-shot; `net-run` warm;
+and warm with another command each call (echo, printf, ls in turn), as an agent's calls
+mostly come.
 
 Every peer is a fresh process started by this script with subprocess.run (stdin from
 /dev/null, output captured: as an agent runs a command), timed from start to exit; peers
@@ -46,6 +48,9 @@ def _peers(env):
                    "/bin/true"], None) if shutil.which("bwrap") else None,
         "ours: service warm": ([CLIENT, "run", "--", "/bin/true"], None),
         "ours: net-run, service warm": ([CLIENT, "net-run", "--", "/bin/true"], "net"),
+        # As an agent's calls mostly are: each another command than the one before (its
+        # own service: the sandbox built ahead is always the previous command's).
+        "ours: service warm, another command each call": (None, "another"),
         "ours: in-process CLI": ([PYTHON, "-P", "-m", "sandlock", "run", "--", "/bin/true"],
                                  None),
         "ours: cold (no service yet)": ([CLIENT, "run", "--", "/bin/true"], "cold"),
@@ -82,6 +87,9 @@ def _warm(env, sub="run"):
 PAUSE = 0.05  # s before each sample: an agent's calls are seconds apart (see the docstring)
 
 
+ANOTHER = [["/bin/echo", "-n"], ["/usr/bin/printf", ""], ["/bin/ls", "/dev/null"]]
+
+
 def _once(argv, env):
     time.sleep(PAUSE)
     t0 = time.perf_counter_ns()
@@ -102,13 +110,26 @@ def run(rounds=100, quick=False, log=lambda s: print(s, file=sys.stderr)):
     # sandbox ahead, and the run and net-run peers alternate (as two agents would).
     xdg_net = tempfile.mkdtemp(prefix="sandlock-bench-cli-net-")
     env_net = dict(env, XDG_RUNTIME_DIR=xdg_net)
+    xdg_other = tempfile.mkdtemp(prefix="sandlock-bench-cli-other-")
+    env_other = dict(env, XDG_RUNTIME_DIR=xdg_other)
+    turn = 0
+
+    def another():
+        nonlocal turn
+        turn += 1
+        return [CLIENT, "run", "--", *ANOTHER[turn % len(ANOTHER)]]
     peers = _peers(env)
     samples = {name: [] for name in peers}
     try:
         _warm(env)
         _warm(env_net, "net-run")
-        for name, (argv, kind) in peers.items():
-            _once(argv, env_net if kind == "net" else env)  # each works before timing
+        _warm(env_other)
+        for name, (argv, kind) in peers.items():  # each works before timing
+            if kind == "another":
+                for _ in ANOTHER:
+                    _once(another(), env_other)
+            else:
+                _once(argv, env_net if kind == "net" else env)
         _warm(env)
         _warm(env_net, "net-run")
         for i, order in enumerate(rotations(list(peers), rounds)):
@@ -116,6 +137,8 @@ def run(rounds=100, quick=False, log=lambda s: print(s, file=sys.stderr)):
                 argv, kind = peers[name]
                 if kind == "net":
                     samples[name].append(_once(argv, env_net))
+                elif kind == "another":
+                    samples[name].append(_once(another(), env_other))
                 elif kind == "cold":
                     _stop(env)
                     samples[name].append(_once(argv, env))
@@ -127,8 +150,9 @@ def run(rounds=100, quick=False, log=lambda s: print(s, file=sys.stderr)):
     finally:
         _stop(env)
         _stop(env_net)
-        shutil.rmtree(xdg, ignore_errors=True)
-        shutil.rmtree(xdg_net, ignore_errors=True)
+        _stop(env_other)
+        for d in (xdg, xdg_net, xdg_other):
+            shutil.rmtree(d, ignore_errors=True)
     return {"name": NAME, "rounds": rounds,
             "stats": {n: stats(v) for n, v in samples.items()}}
 

@@ -142,12 +142,15 @@ def _getcwd() -> str | None:
         return None
 
 
-def _fields_from_args(a, net_run: bool, cmd) -> tuple[dict, dict, float | None, list, list]:
+def _fields_from_args(a, net_run: bool, cmd, toolchains: list | None = None
+                      ) -> tuple[dict, dict, float | None, list, list]:
     """The Sandbox fields the arguments make: the policy file (if any), the flags, the
     system view and the command's own toolchain (sandlock.toolchain) unless --strict.
     Returns (fields, the policy file's fields, timeout, lines to tell now, -v notes). It
     only reads files (a CLI service may compute it ahead: service/prepared.py) — except
-    for net-run's first call, which makes its default audit log's directory."""
+    for net-run's first call, which makes its default audit log's directory. The
+    toolchain.Toolchains consulted, if any, with the grants it gave, is appended to
+    `toolchains`."""
     from .policy_file import load_policy, merge_fields, system_fields
     fields, system, timeout = {}, not a.no_system, a.timeout
     if a.policy and getattr(a, "profile", None):
@@ -167,11 +170,14 @@ def _fields_from_args(a, net_run: bool, cmd) -> tuple[dict, dict, float | None, 
     base["protect_user_files"] = True
     said, notes = [], []
     if system and not a.strict and cmd:
-        from .toolchain import toolchain_grants
+        from .toolchain import Toolchains
         env = dict(os.environ)
         env.update(fields.get("env") or {})
         env.update(dict(item.partition("=")[::2] for item in a.env))
-        grants = toolchain_grants(cmd[0], env, a.cwd or fields.get("cwd") or _getcwd())
+        chains = Toolchains(env, a.cwd or fields.get("cwd") or _getcwd())
+        grants = chains.grants(cmd[0])
+        if toolchains is not None:
+            toolchains.append((chains, grants))
         base = merge_fields(base, {"fs_readable": [g.path for g in grants]})
         notes += [f"read {g.path} ({g.why})" for g in grants]
     if net_run:

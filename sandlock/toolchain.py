@@ -64,6 +64,14 @@ class _Grants:
         from .home_policy import secret_paths
         self.secrets = secret_paths(home)
 
+    def copy(self) -> "_Grants":
+        """The same grants, to add to independently (the manager roots as resolved)."""
+        c = object.__new__(_Grants)
+        c.home, c.env, c.secrets = self.home, self.env, self.secrets
+        c._roots = self.manager_roots()
+        c.out = dict(self.out)
+        return c
+
     def add(self, path: str, why: str) -> None:
         path = os.path.realpath(path)
         if not os.path.exists(path) or path in ("/", self.home):
@@ -76,7 +84,7 @@ class _Grants:
             del self.out[g]  # a wider grant replaces narrower ones
         self.out[path] = why
 
-    def _manager_roots(self) -> list[tuple[str, str]]:
+    def manager_roots(self) -> list[tuple[str, str]]:
         """Each manager's root, resolved once per call of toolchain_grants."""
         if self._roots is None:
             self._roots = []
@@ -87,7 +95,7 @@ class _Grants:
         return self._roots
 
     def manager_of(self, path: str) -> tuple[str, str] | None:
-        for name, root in self._manager_roots():
+        for name, root in self.manager_roots():
             if is_beneath(path, root) and os.path.isdir(root):
                 return name, root
         for name, root in SYSTEM_MANAGERS:
@@ -179,31 +187,47 @@ def _grant_for(path: str, g: _Grants, why: str) -> None:
         g.add(parent if os.path.isdir(path) is False else path, f"{why}: program directory")
 
 
+class Toolchains:
+    """toolchain_grants in two steps: what PATH grants, read once (`env`, `cwd`, `home`
+    as toolchain_grants takes them), then grants(argv0) for any command, which reads
+    that command's files and the per-user configuration again each time. The CLI service
+    keeps one with a sandbox built ahead (service/prepared.py): another command may take
+    that sandbox only if its grants are the same, both ways."""
+
+    def __init__(self, env=None, cwd: str | None = None, home: str | None = None):
+        env = os.environ if env is None else env
+        home = os.path.realpath(home or env.get("HOME") or os.path.expanduser("~"))
+        g = _Grants(home, env)
+        self.path_env = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        self.cwd = cwd
+        for entry in self.path_env.split(os.pathsep):
+            if not entry or not os.path.isdir(entry):
+                continue
+            real = os.path.realpath(entry)
+            managed = g.manager_of(real)
+            venv = _venv_of(entry)
+            if venv is not None:
+                g.add(venv, f"PATH entry {entry} (virtualenv)")
+            elif managed is not None:
+                g.add(managed[1], f"PATH entry {entry} ({managed[0]})")
+            elif is_beneath(real, home) and real != home:
+                g.add(real, f"PATH entry {entry}")
+        self._path_part = g
+
+    def grants(self, argv0: str | None) -> list[Grant]:
+        g = self._path_part.copy()
+        if argv0:
+            found = _which(argv0, self.path_env, self.cwd)
+            if found:
+                _follow(found, g, self.path_env, self.cwd, f"command {argv0}")
+        for rel in CONFIG_FILES:
+            p = os.path.join(g.home, rel)
+            if os.path.exists(p):
+                g.add(p, "per-user configuration (no credentials)")
+        return [Grant(p, why) for p, why in sorted(g.out.items())]
+
+
 def toolchain_grants(argv0: str | None, env=None, cwd: str | None = None,
                      home: str | None = None) -> list[Grant]:
     """What the user's toolchain needs granted (read + execute), with the reasons."""
-    env = os.environ if env is None else env
-    home = os.path.realpath(home or env.get("HOME") or os.path.expanduser("~"))
-    g = _Grants(home, env)
-    path_env = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
-    for entry in path_env.split(os.pathsep):
-        if not entry or not os.path.isdir(entry):
-            continue
-        real = os.path.realpath(entry)
-        managed = g.manager_of(real)
-        venv = _venv_of(entry)
-        if venv is not None:
-            g.add(venv, f"PATH entry {entry} (virtualenv)")
-        elif managed is not None:
-            g.add(managed[1], f"PATH entry {entry} ({managed[0]})")
-        elif is_beneath(real, home) and real != home:
-            g.add(real, f"PATH entry {entry}")
-    if argv0:
-        found = _which(argv0, path_env, cwd)
-        if found:
-            _follow(found, g, path_env, cwd, f"command {argv0}")
-    for rel in CONFIG_FILES:
-        p = os.path.join(home, rel)
-        if os.path.exists(p):
-            g.add(p, "per-user configuration (no credentials)")
-    return [Grant(p, why) for p, why in sorted(g.out.items())]
+    return Toolchains(env, cwd, home).grants(argv0)

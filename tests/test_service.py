@@ -699,6 +699,41 @@ def test_a_prepared_sandbox_follows_the_command_s_toolchain_not_its_arguments(en
     assert r.returncode != 0 and "from-" not in r.stdout, r.stderr
 
 
+def test_another_command_takes_a_sandbox_built_ahead_only_with_the_same_grants(env, tmp_path):
+    """An agent's calls are mostly other commands each time: a sandbox built ahead for one
+    command serves another whose toolchain grants (sandlock.toolchain) are the same —
+    system programs, most of them — and never one whose grants differ, either way: a
+    command that needs a grant the build lacks, or one that would get a grant its own
+    build would not give (the build's command's installation in the home)."""
+    home = tmp_path / "home"
+    env = dict(env, HOME=str(home))
+    (home / "a" / "bin").mkdir(parents=True)
+    shutil.copy(os.path.realpath("/bin/sh"), home / "a" / "bin" / "sh")
+    (home / "a" / "data.txt").write_text("tool-data\n")
+    (home / "work" / "bin").mkdir(parents=True)
+    tool = home / "work" / "bin" / "tool"
+    tool.write_text(f"#!{home}/a/bin/sh\ncat {home}/a/data.txt\n")
+    tool.chmod(0o755)
+    data = str(home / "a" / "data.txt")
+    _until_prepared(env, "run", "--", "echo", "x", expect="x\n")
+    r = client(env, "run", "--", "printf", "%s-%s\\n", "another", "command", debug=True)
+    assert r.returncode == 0 and r.stdout == "another-command\n", r.stderr
+    assert "prepared sandbox used" in r.stderr, r.stderr  # system programs: the same grants
+    time.sleep(1.0)
+    # Built for printf: the tool needs its interpreter's installation, which it lacks.
+    r = client(env, "run", "--", str(tool), debug=True)
+    assert r.returncode == 0 and r.stdout == "tool-data\n", r.stderr
+    assert "not used: another command, whose toolchain grants differ" in r.stderr, r.stderr
+    # Built for the tool (home/a granted, its data readable to it): cat is not given that.
+    _until_prepared(env, "run", "--", str(tool), expect="tool-data\n")
+    r = client(env, "run", "--", "cat", data, debug=True)
+    assert "not used: another command, whose toolchain grants differ" in r.stderr, r.stderr
+    assert r.returncode != 0 and "tool-data" not in r.stdout, (r.stdout, r.stderr)
+    assert "Permission denied" in r.stderr, r.stderr
+    r = in_process(env, "run", "--", "cat", data)  # what the in-process CLI does
+    assert r.returncode != 0 and "tool-data" not in r.stdout, (r.stdout, r.stderr)
+
+
 def _until_prepared(env, *args, expect: str):
     """Calls with these arguments until two in a row got a sandbox built ahead."""
     deadline, used = time.monotonic() + 30, 0

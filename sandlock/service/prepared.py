@@ -14,7 +14,10 @@ What use() checks before a prepared sandbox replaces a new one, each check made 
 request's own state; any difference, or a check that cannot be made, means a new build,
 exactly as without this module:
   1. The inputs, compared whole: the parsed arguments (every option, and the command's
-     name: its arguments build nothing), the environment, the working directory (device
+     name: its arguments build nothing; another command's name only for its toolchain
+     grants, computed again for it at use and compared with the build's, both ways:
+     the grants it would lack, and those it would have that its own build would not
+     give), the environment, the working directory (device
      and inode, and its path), and this process's attributes (peer._attributes: limits,
      umask, affinity...). Credentials, namespaces and confinement are the service's in
      both cases (peer.inspect). What the arguments build from besides — the policy file,
@@ -340,25 +343,51 @@ _ASKED = _asked_functions()
 
 
 class _Prepared:
-    def __init__(self, payload, key, env, cwd, attrs, built, watch: int, redo: dict):
+    def __init__(self, payload, key, env, cwd, attrs, built, toolchain, watch: int,
+                 redo: dict):
         self.payload = payload  # the inputs it was built from, as report() sent them
         self.key, self.env, self.cwd, self.attrs = key, env, cwd, attrs
         self.built, self.watch, self.redo = built, watch, redo
+        # (toolchain.Toolchains, the grants it gave the build's command), or None where
+        # the build consulted no toolchain (--strict, --no-system): the command's name
+        # then builds nothing either.
+        self.toolchain = toolchain
 
-    def stale(self, key) -> str | None:
-        """Why this sandbox is not the one `key`'s call would build now, or None."""
+    def stale(self, key, cmd) -> str | None:
+        """Why this sandbox is not the one `key`'s call (its command `cmd`) would build
+        now, or None."""
         try:
-            if key != self.key:
-                if key[1:] != self.key[1:]:
-                    return "another command or subcommand"
+            if key[:2] != self.key[:2]:
+                if key[1] != self.key[1]:
+                    return "another subcommand"
                 mine, theirs = dict(key[0]), dict(self.key[0])
                 return "other options (" + ", ".join(sorted(
                     k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))) + ")"
         except Exception as e:  # a check that cannot be made: a change
             return f"check failed ({e})"
         if _early is not None and _early[0] is self:
-            return _early[1]
-        return self.changed()
+            why = _early[1]
+        else:
+            why = self.changed()
+        if why is None and key[2] != self.key[2]:
+            why = self.toolchain_differs(cmd)
+        return why
+
+    def toolchain_differs(self, cmd) -> str | None:
+        """Why another command than the build's does not take this sandbox, or None: the
+        toolchain grants it gets now (its PATH part read by the build, whose reads are
+        checked as any other; its own files and the per-user configuration read now)
+        are the build's command's, path for path and reason for reason (-v prints
+        them)."""
+        if self.toolchain is None:
+            return None
+        chains, grants = self.toolchain
+        try:
+            if chains.grants(cmd[0]) == grants:
+                return None
+        except Exception as e:  # a check that cannot be made: a change
+            return f"check failed ({e})"
+        return "another command, whose toolchain grants differ"
 
     def changed(self) -> str | None:
         """Why this sandbox is not the one its call would build now, its arguments aside
@@ -544,7 +573,9 @@ def prepare(payload: bytes) -> bool:
             # Again and again: a build that caught the first refusal may block once more.
             signal.setitimer(signal.ITIMER_REAL, PREPARE_LIMIT, PREPARE_LIMIT)
             try:
-                merged, _, timeout, said, notes = cli._fields_from_args(a, key[1], a.cmd)
+                chains: list = []
+                merged, _, timeout, said, notes = cli._fields_from_args(a, key[1], a.cmd,
+                                                                        chains)
                 if not any(merged.get(k) for k in _EFFECTS):
                     sb = Sandbox(**merged)
                     sb._confinement(private_tmp_later=True)  # the ruleset, the filter
@@ -580,7 +611,8 @@ def prepare(payload: bytes) -> bool:
         if moved:
             os.close(watched[0])
             return True
-        _ready = _Prepared(payload, key, _compared(env), where, attrs, built, *watched)
+        _ready = _Prepared(payload, key, _compared(env), where, attrs, built,
+                           chains[0] if chains else None, *watched)
         return True
     finally:
         os.environ.clear()
@@ -644,7 +676,7 @@ def use(a, net_run: bool, cmd):
     global _ready, _after
     ready, _ready = _ready, None
     key = _key(a, net_run, cmd)
-    why = "none prepared" if ready is None else ready.stale(key)
+    why = "none prepared" if ready is None else ready.stale(key, cmd)
     _after = (key, ready)
     if os.environ.get("SANDLOCK_SERVICE_DEBUG"):
         print(f"sandlock: service: prepared sandbox "
