@@ -20,6 +20,11 @@ def _remove(path: str) -> None:
     """Remove `path` and what the sandbox left in it, making the directories it locked
     (mode 0) ours to empty first: only `path` and what lies beneath it, never `path`'s
     parent (the host's /tmp)."""
+    try:  # what most runs leave: an empty directory (rmdir never follows a last symlink)
+        os.rmdir(path)
+        return
+    except OSError:
+        pass
     top = os.path.realpath(path)
     if not os.path.isdir(top) or os.path.islink(path):
         return
