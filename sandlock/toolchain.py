@@ -65,10 +65,11 @@ class _Grants:
         self.secrets = secret_paths(home)
 
     def copy(self) -> "_Grants":
-        """The same grants, to add to independently (the manager roots as resolved)."""
+        """The same grants, to add to independently (the manager roots as resolved, if
+        they were: a list never changed once made)."""
         c = object.__new__(_Grants)
         c.home, c.env, c.secrets = self.home, self.env, self.secrets
-        c._roots = self.manager_roots()
+        c._roots = self._roots
         c.out = dict(self.out)
         return c
 
@@ -84,7 +85,7 @@ class _Grants:
             del self.out[g]  # a wider grant replaces narrower ones
         self.out[path] = why
 
-    def manager_roots(self) -> list[tuple[str, str]]:
+    def _manager_roots(self) -> list[tuple[str, str]]:
         """Each manager's root, resolved once per call of toolchain_grants."""
         if self._roots is None:
             self._roots = []
@@ -95,7 +96,7 @@ class _Grants:
         return self._roots
 
     def manager_of(self, path: str) -> tuple[str, str] | None:
-        for name, root in self.manager_roots():
+        for name, root in self._manager_roots():
             if is_beneath(path, root) and os.path.isdir(root):
                 return name, root
         for name, root in SYSTEM_MANAGERS:
