@@ -97,6 +97,11 @@ def test_bash_job_control_under_a_terminal(shell):
     t.expect(r"\$ ")
     t.type("echo rc=$?\n")
     t.expect("rc=130")
+    # At the prompt: a size changed while bash was between commands, with "stty size"
+    # typed ahead, was read as "0 0" once in a few dozen runs (not understood; bash's
+    # own window-size handling between commands is the suspect, nothing of sandlock
+    # sets one).
+    t.expect(r"\$ ")
     t.resize(33, 77)  # the window size reaches the foreground
     t.type("stty size\n")
     t.expect("33 77")
