@@ -1,5 +1,5 @@
-"""Starting a confined process: posix_spawn the trampoline, hand its listener to the
-supervisor, let it exec.
+"""Starting a confined process: posix_spawn the trampoline (or call one a CLI-service
+spare started ahead: Parked), hand its listener to the supervisor, let it exec.
 
 The parent may be multi-threaded (the supervisor thread, the caller's threads), so no
 Python code runs between fork and exec: posix_spawn (vfork + exec in glibc) starts the
@@ -33,7 +33,7 @@ STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
          "no_new_privs", "landlock_restrict_self", "reading the seccomp program", "seccomp",
          "handshake", "close-on-exec", "execve", "subreaper", "user namespace",
          "uid/gid map", "mount propagation", "overlay mount", "overlay Landlock rule",
-         "protecting the user's files", "child", "fork")
+         "protecting the user's files", "child", "fork", "the parked start's call")
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
 _FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF, _FD_PROTECT, _FD_CONTROL = 3, 4, 5, 6, 7, 8
@@ -109,14 +109,15 @@ def _file_actions(placements: list[tuple[int, int]]) -> list[tuple]:
 
 
 def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
-                 cwd: str | None, overlay=None, passed: int = 0) -> list:
+                 cwd: str | None, overlay=None, passed: int = 0, parked: bool = False) -> list:
     """`overlay`: (lower, upper, work) of an overlay-backend workspace, or None; `passed`:
-    how many fds from _FD_PASSED on the program gets (as 3, 4, ...)."""
+    how many fds from _FD_PASSED on the program gets (as 3, 4, ...); `parked`: the call
+    comes later (Parked)."""
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
              | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0)
              | (16 if conf.send_listener else 0) | (32 if conf.landlock_log else 0)
-             | passed << 8)
+             | (64 if parked else 0) | passed << 8)
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0", str(flags), rlimits,
@@ -154,11 +155,16 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
         ruleset = conf.run_ruleset(run_rules)
     else:
         ruleset = conf.ruleset
+    parked = _take_parked(conf)
+    if parked is not None and (overlay is not None or run_rules or hold or pass_fds
+                               or ruleset is not conf.ruleset):
+        parked.discard()  # never for another kind of start than the one it was made for
+        parked = None
     try:
         if ruleset_ready is not None and ruleset is not None:
             ruleset_ready(ruleset.fd)
         spawned = _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
-                         tuple(pass_fds), on_program)
+                         tuple(pass_fds), on_program, parked)
     finally:
         if ruleset is not None and ruleset is not conf.ruleset:
             ruleset.close()
@@ -169,10 +175,10 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     return spawned
 
 
-def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
-           pass_fds=(), on_program=None) -> Spawned:
-    if len(pass_fds) > MAX_PASSED:
-        raise SandboxError(f"at most {MAX_PASSED} fds can be passed to a program")
+def _begin(conf, ruleset, helper_argv: list, env, stdio, pass_fds=()) -> tuple:
+    """posix_spawn the trampoline and read its fork's record: (root pid, pidfd on the root,
+    status socket, control socket, ack pipe's write end, program pid), all the caller's;
+    nothing left behind if it fails."""
     status, child_status = socket.socketpair(socket.AF_UNIX,
                                              socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     status_w = child_status.detach()
@@ -191,8 +197,7 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
     placements += [(fd, _FD_PASSED + i) for i, fd in enumerate(pass_fds)]
     try:
         pid = os.posix_spawn(
-            HELPER, _helper_argv(conf, ruleset, exe, argv, cwd, overlay, len(pass_fds)), env,
-            file_actions=_file_actions(placements), setpgroup=0,
+            HELPER, helper_argv, env, file_actions=_file_actions(placements), setpgroup=0,
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
             setsigmask=())
     except OSError as e:
@@ -206,15 +211,162 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
     os.close(ack_r)
     root_control.close()
     pidfd = -1
+    try:
+        pidfd = pidfd_open(pid)
+        rec = _read_record(status, SETUP_TIMEOUT)
+        if rec is None or rec[0] != _STEP["child"]:
+            raise _setup_error(rec)
+    except BaseException as e:
+        status.close()
+        control.close()
+        os.close(ack_w)
+        _kill_and_reap(pid, pidfd)
+        if isinstance(e, TimeoutError):
+            raise SandboxError(f"sandbox setup did not finish within {SETUP_TIMEOUT:.0f}s; "
+                               f"the process was killed") from None
+        raise
+    return pid, pidfd, status, control, ack_w, rec[1]
+
+
+# A parked start's call larger than this (a huge environment) starts afresh instead: one
+# SOCK_SEQPACKET message, within the socket's default send buffer.
+MAX_PARKED_CALL = 1 << 16
+
+
+class Parked:
+    """A trampoline started ahead of its call, by a CLI-service spare for the sandbox it
+    built ahead (service/prepared.py: a sandbox built ahead is used only by a caller whose
+    process attributes are the spare's, which the trampoline has). Forked already into the
+    sandbox's root and the program's process, which waits outside any namespace and
+    confinement for call(): its stdio, working directory, ignored signals, program,
+    arguments and environment (sandlock-exec.c, receive_call); everything after that
+    is a start's as ever. What it saves a call: posix_spawn, the trampoline's exec and its
+    fork (~0.45 ms of a warm `sandlock run`, measured in the serving child). Used once, or
+    discarded (killed, reaped)."""
+
+    def __init__(self, conf: Confinement, begun: tuple):
+        self.conf = conf
+        self._begun = begun
+
+    def call(self, exe: bytes, argv: list[bytes], env, cwd: str | None,
+             stdio: tuple[int, int, int]) -> tuple | None:
+        """Send the call; _begin()'s tuple, now the caller's. None if this call cannot be
+        sent (too large): the parked start is discarded, and the caller starts afresh."""
+        begun, self._begun = self._begun, None
+        if begun is None:
+            return None
+        try:
+            payload = _call_message(exe, argv, env, cwd)
+            if len(payload) > MAX_PARKED_CALL:
+                _discard(begun)
+                return None
+            here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                socket.send_fds(begun[2], [payload], [fd if fd >= 0 else i
+                                                      for i, fd in enumerate(stdio)] + [here])
+            finally:
+                os.close(here)
+        except OSError:  # the parked start died meanwhile (killed...): nothing ran
+            _discard(begun)
+            return None
+        except BaseException:  # an environment posix_spawn would refuse too (ValueError)
+            _discard(begun)
+            raise
+        return begun
+
+    def discard(self) -> None:
+        begun, self._begun = self._begun, None
+        if begun is not None:
+            _discard(begun)
+
+
+def _call_message(exe: bytes, argv: list[bytes], env, cwd: str | None) -> bytes:
+    """A parked start's call (sandlock-exec.c, receive_call), refusing what posix_spawn
+    refuses (ValueError)."""
+    items = env.items() if hasattr(env, "items") else env
+    strings = []
+    for k, v in items:
+        k, v = os.fsencode(k), os.fsencode(v)
+        if b"=" in k or b"\0" in k or b"\0" in v or not k:
+            raise ValueError("illegal environment variable name")
+        strings.append(k + b"=" + v)
+    if not argv or any(b"\0" in a for a in [exe, *argv]):
+        raise ValueError("embedded null byte")
+    return b"".join([
+        struct.pack("<Q", _ignored_signals()),
+        os.fsencode(cwd) if cwd else b"-", b"\0", exe, b"\0",
+        struct.pack("<I", len(argv)), *(a + b"\0" for a in argv),
+        struct.pack("<I", len(strings)), *(e + b"\0" for e in strings)])
+
+
+def _discard(begun: tuple) -> None:
+    pid, pidfd, status, control, ack_w, _ = begun
+    status.close()
+    control.close()
+    os.close(ack_w)
+    _kill_and_reap(pid, pidfd)
+
+
+def _ignored_signals() -> int:
+    """This process's ignored signals (bit n-1: signal n), as a program it starts would
+    inherit them."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("SigIgn:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+_parked: Parked | None = None  # this process's one parked start (a spare has one sandbox)
+
+
+def park(conf: Confinement) -> None:
+    """Start the trampoline of `conf`'s next plain start now (a spare, for its sandbox
+    built ahead), replacing any parked before; spawn() takes it. A failure parks nothing."""
+    global _parked
+    discard_parked()
+    if not os.access(HELPER, os.X_OK):
+        return
+    try:
+        begun = _begin(conf, conf.ruleset, _helper_argv(
+            conf, conf.ruleset, b"-", [b"-"], None, parked=True), os.environ, (-1, -1, -1))
+    except (SandboxError, OSError):
+        return
+    _parked = Parked(conf, begun)
+
+
+def parked_for(conf: Confinement) -> bool:
+    return _parked is not None and _parked.conf is conf
+
+
+def discard_parked() -> None:
+    global _parked
+    parked, _parked = _parked, None
+    if parked is not None:
+        parked.discard()
+
+
+def _take_parked(conf: Confinement) -> Parked | None:
+    global _parked
+    if _parked is None or _parked.conf is not conf:
+        return None
+    parked, _parked = _parked, None
+    return parked
+
+
+def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
+           pass_fds=(), on_program=None, parked: "Parked | None" = None) -> Spawned:
+    if len(pass_fds) > MAX_PASSED:
+        raise SandboxError(f"at most {MAX_PASSED} fds can be passed to a program")
+    begun = parked.call(exe, argv, env, cwd, stdio) if parked is not None else None
+    if begun is None:
+        begun = _begin(conf, ruleset, _helper_argv(conf, ruleset, exe, argv, cwd, overlay,
+                                                   len(pass_fds)), env, stdio, pass_fds)
+    pid, pidfd, status, control, ack_w, program = begun
     passed: list[int] = []
     held = False
     own_ns = -1
     try:
-        pidfd = pidfd_open(pid)
-        rec = _read_record(status, SETUP_TIMEOUT, passed)
-        if rec is None or rec[0] != _STEP["child"]:
-            raise _setup_error(rec)
-        program = rec[1]
         if on_program is not None:  # before it can do anything (it waits for our ack)
             on_program(program)
         if conf.cores:  # inherited by everything it starts; the filter refuses changes

@@ -734,6 +734,92 @@ def test_another_command_takes_a_sandbox_built_ahead_only_with_the_same_grants(e
     assert r.returncode != 0 and "tool-data" not in r.stdout, (r.stdout, r.stderr)
 
 
+def _exe_name(pid):
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return ""
+
+
+def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tmp_path):
+    """A spare starts its sandbox's trampoline ahead (launch.Parked): forked, waiting
+    outside any namespace and confinement for the call. The call's stdio, working
+    directory, environment, arguments, exit status and ignored signals reach the program
+    as from a fresh start (the in-process CLI, compared), and the program is confined
+    all the same. A trampoline a spare no longer needs is killed, not left behind."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret\n")
+    env = dict(env, SL_VAR="v a l")
+    script = ("pwd; echo \"$SL_VAR\"; printf '[%s]' \"$@\"; echo; cat; "
+              "grep -E '^SigIgn' /proc/self/status; echo to-stderr >&2; "
+              f"cat {secret} || echo denied; cat /etc/hostname >/dev/null && echo allowed; "
+              "exit 7")
+    argv = ["run", "--", "sh", "-c", script, "sh", "one two", "thrée"]
+    ignore_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731
+    seen = []
+    for _ in range(20):
+        r = client(env, *argv, debug=True, cwd=work / "sub", input="in-put\n", stdin=None,
+                   preexec_fn=ignore_hup)
+        seen.append(r.stderr)
+        if "its trampoline started ahead" in r.stderr:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(seen[-3:])
+    fresh = in_process(env, *argv, cwd=work / "sub", input="in-put\n", stdin=None,
+                       preexec_fn=ignore_hup)
+    assert r.returncode == fresh.returncode == 7, (r.stderr, fresh.stderr)
+    assert r.stdout == fresh.stdout, (r.stdout, fresh.stdout)
+    lines = r.stdout.splitlines()
+    assert lines[:4] == [str(work / "sub"), "v a l", "[one two][thrée]", "in-put"], lines
+    assert int(lines[4].split()[1], 16) & 1 << (signal.SIGHUP - 1), lines  # still ignored
+    assert "denied" in lines and "s3cret" not in r.stdout and "allowed" in lines, lines
+    assert "to-stderr" in r.stderr
+    # Without SIGHUP ignored, the same sandbox built ahead: not ignored in the program.
+    time.sleep(0.5)
+    r = client(env, *argv, debug=True, cwd=work / "sub", input="x\n", stdin=None)
+    assert "its trampoline started ahead" in r.stderr, r.stderr
+    assert not int(r.stdout.splitlines()[4].split()[1], 16) & 1 << (signal.SIGHUP - 1)
+    # A parked start that died meanwhile (its waiting program killed): the call starts
+    # afresh, nothing lost.
+    time.sleep(1.0)
+    service = _service_pid(env)
+    spares = [p for p in _pids() if _ppid(p) == service]
+    roots = [p for p in _pids() if _ppid(p) in spares and _exe_name(p) == "sandlock-exec"]
+    waiting = [p for p in _pids() if _ppid(p) in roots and _exe_name(p) == "sandlock-exec"]
+    assert waiting, (spares, roots)
+    for p in waiting:
+        os.kill(p, signal.SIGKILL)
+    r = client(env, *argv, debug=True, cwd=work / "sub", input="in-put\n", stdin=None,
+               preexec_fn=ignore_hup)
+    assert "its trampoline started ahead" in r.stderr, r.stderr
+    assert r.returncode == 7 and r.stdout == fresh.stdout, (r.stdout, r.stderr)
+    # Each spare holds one parked start (its root and the waiting program). The spare that
+    # serves a call with other options kills its own; the service's end kills the rest.
+    from sandlock.service.server import SPARE
+    service = _service_pid(env)
+    time.sleep(1.0)
+    spares = [p for p in _pids() if _ppid(p) == service]
+    parked = {p: _ppid(p) for p in _pids()
+              if _ppid(p) in spares and _exe_name(p) == "sandlock-exec"}
+    parked.update({p: _ppid(p) for p in _pids()
+                   if _ppid(p) in parked and _exe_name(p) == "sandlock-exec"})
+    assert len(spares) == SPARE and 0 < len(parked) <= 2 * SPARE, (spares, parked)
+
+    def alive(pid):
+        return os.path.exists(f"/proc/{pid}") and _state(pid) not in "ZX"
+    r = client(env, "run", "--strict", "--", "echo", "other", debug=True)
+    assert r.stdout == "other\n" and "not used: other options" in r.stderr, r.stderr
+    gone = [s for s in spares if not alive(s)]
+    assert _wait_for(lambda: not any(alive(p) for p, parent in parked.items()
+                                     if parent in gone or parked.get(parent) in gone))
+    assert any(alive(p) for p in parked)  # the other spares' are still waiting
+    subprocess.run(IN_PROCESS + ["service", "stop"], env=env, capture_output=True, timeout=30)
+    assert _wait_for(lambda: not any(alive(p) for p in parked)), parked
+
+
 def _until_prepared(env, *args, expect: str):
     """Calls with these arguments until two in a row got a sandbox built ahead."""
     deadline, used = time.monotonic() + 30, 0

@@ -23,7 +23,10 @@
  * argv: sandlock-exec CWD KEEP_CAPS_HEX CAP_LAST DROP_CAPS(0|1) FLAGS
  *       RLIMITS("res:soft:hard,..." or "-") LOWER UPPER WORK RIGHTS -- EXE ARGV0 ARGV...
  * FLAGS: bit 5 = Landlock logs the program's denials to the audit subsystem (ABI 7:
- * LOG_NEW_EXEC_ON; supervisor/landlock_audit.py reads them); bits 8.. = passed fds;
+ * LOG_NEW_EXEC_ON; supervisor/landlock_audit.py reads them); bit 6 = a parked start (a
+ * CLI-service spare's, started before its call): the child, once forked, waits for the
+ * call's stdio, working directory, signals, EXE, ARGV and environment (receive_call;
+ * CWD, EXE and ARGV in argv are then placeholders); bits 8.. = passed fds;
  * bit 0 = a Landlock ruleset is at fd 5; bit 1 = become a child subreaper (the
  * sandbox's orphans then stay its descendants: sandlock/supervisor/freeze.py walks them);
  * bit 2 = a copy-on-write workspace of the overlay backend: LOWER (the workdir) is covered
@@ -39,7 +42,7 @@
  * placed on that fd (move_mount), so a symlink swapped in is never followed; a path gone
  * since the plan is skipped (the supervisor's guard refuses its re-creation).
  *
- * Order (the child): close every other fd -> [overlay] -> [protection] -> cwd -> rlimits -> capabilities ->
+ * Order (the child): close every other fd -> [parked: the call] -> [overlay] -> [protection] -> cwd -> rlimits -> capabilities ->
  * NO_NEW_PRIVS -> Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
  * The overlay comes first so that cwd is resolved in the sandbox's own view; its mount
  * propagation is made slave first, so the mount never reaches the caller's namespace.
@@ -79,14 +82,16 @@ extern char **environ;
 enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, ST_BOUNDING,
        ST_CAPSET, ST_AMBIENT, ST_NO_NEW_PRIVS, ST_LANDLOCK, ST_SECCOMP_READ, ST_SECCOMP,
        ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER, ST_USERNS, ST_ID_MAP,
-       ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT, ST_CHILD, ST_FORK };
+       ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT, ST_CHILD, ST_FORK,
+       ST_CALL };
 
 enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7, FD_CONTROL = 8,
        FD_PASSED = 9, MAX_PASSED = 64 };
 static int passed; /* fds FD_PASSED.. kept for the program (FLAGS >> 8) */
 static int status_fd = FD_STATUS; /* moved above the passed fds just before the exec */
 enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16,
-       F_LANDLOCK_LOG = 32 };
+       F_LANDLOCK_LOG = 32, F_PARKED = 64 };
+#define MAX_CALL (4 << 20) /* a parked start's call: argv and environment, as ARG_MAX bounds */
 #define LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON (1U << 1) /* ABI 7: log the program's denials */
 
 #define SECBITS_SANDBOX 0x2f /* NOROOT, NO_SETUID_FIXUP (each locked), KEEP_CAPS_LOCKED */
@@ -351,6 +356,109 @@ static void send_listener(int listener) {
         _exit(127); /* the parent is gone, or the channel broke: never run unsupervised */
 }
 
+/* A parked start (F_PARKED): the child, forked and not yet in any namespace or
+ * confinement, waits for its call on the status channel, one message: fds [stdin, stdout,
+ * stderr, working directory] (SCM_RIGHTS) and
+ *   u64 ignored-signal mask (bit n-1: signal n), CWD\0, EXE\0,
+ *   u32 argc, argc strings\0, u32 envc, envc strings\0  (integers little-endian).
+ * It takes them as posix_spawn would have given them: stdio at 0-2, the working directory
+ * entered by fd (before the namespaces, which carry it over like an inherited one), each
+ * signal ignored or default (SIGPIPE, SIGXFSZ, SIGINT, SIGTERM stay default: posix_spawn's
+ * setsigdef); every other attribute is the parent's, which sends a call only to a start
+ * made with the caller's attributes (service/prepared.py). End-of-file: the parent went
+ * away, nothing runs. */
+static uint32_t call_u32(const char *buf, size_t len, size_t *pos) {
+    uint32_t v;
+    if (len - *pos < sizeof v)
+        fail(ST_CALL, EINVAL);
+    memcpy(&v, buf + *pos, sizeof v);
+    *pos += sizeof v;
+    return v;
+}
+
+static char *call_string(char *buf, size_t len, size_t *pos) {
+    char *start = buf + *pos, *end = memchr(start, 0, len - *pos);
+    if (end == NULL)
+        fail(ST_CALL, EINVAL);
+    *pos += (size_t)(end - start) + 1;
+    return start;
+}
+
+static char **call_strings(char *buf, size_t len, size_t *pos) {
+    uint32_t n = call_u32(buf, len, pos);
+    if (n > len)
+        fail(ST_CALL, EINVAL);
+    char **v = calloc((size_t)n + 1, sizeof *v);
+    if (v == NULL)
+        fail(ST_CALL, ENOMEM);
+    for (uint32_t i = 0; i < n; i++)
+        v[i] = call_string(buf, len, pos);
+    return v;
+}
+
+static void receive_call(const char **cwd, const char **exe, char ***args, char ***env) {
+    char *buf = malloc(MAX_CALL);
+    if (buf == NULL)
+        fail(ST_CALL, ENOMEM);
+    union {
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {buf, MAX_CALL};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof u.buf};
+    ssize_t n;
+    do {
+        n = recvmsg(FD_STATUS, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        _exit(127); /* discarded, or the parent went away: nothing runs */
+    int fds[4], got = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS
+            && c->cmsg_len == CMSG_LEN(sizeof fds) && !got) {
+            memcpy(fds, CMSG_DATA(c), sizeof fds);
+            got = 1;
+        }
+    if (!got || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+        fail(ST_CALL, EINVAL);
+    size_t len = (size_t)n, pos = 0;
+    uint64_t ignored;
+    if (len < sizeof ignored)
+        fail(ST_CALL, EINVAL);
+    memcpy(&ignored, buf, sizeof ignored);
+    pos = sizeof ignored;
+    *cwd = call_string(buf, len, &pos);
+    *exe = call_string(buf, len, &pos);
+    *args = call_strings(buf, len, &pos);
+    *env = call_strings(buf, len, &pos);
+    if (pos != len || (*args)[0] == NULL)
+        fail(ST_CALL, EINVAL);
+    for (int i = 0; i < 4; i++) {  /* above 2 first: 0-2 may be among them (closed here) */
+        int moved = fcntl(fds[i], F_DUPFD_CLOEXEC, 10);
+        if (moved < 0)
+            fail(ST_CALL, errno);
+        close(fds[i]);
+        fds[i] = moved;
+    }
+    for (int i = 0; i < 3; i++)
+        if (dup2(fds[i], i) < 0)
+            fail(ST_CALL, errno);
+    if (fchdir(fds[3]) < 0)
+        fail(ST_CHDIR, errno);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    for (int sig = 1; sig <= 64; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGPIPE || sig == SIGXFSZ
+            || sig == SIGINT || sig == SIGTERM)
+            continue;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = (ignored >> (sig - 1)) & 1 ? SIG_IGN : SIG_DFL;
+        sigaction(sig, &sa, NULL); /* the C library's own (32, 33) refuse: never ours */
+    }
+}
+
 /* Fork: the parent becomes the sandbox's root (never returns), the child goes on. */
 static void become_root_of_tree(void) {
     pid_t parent = getppid();
@@ -450,6 +558,10 @@ int main(int argc, char **argv) {
     if (syscall(SYS_close_range, FD_PASSED + passed, ~0U, 0) < 0)
         fail(ST_CLOSE_FDS, errno);
     become_root_of_tree();
+    const char *exe = argv[12];
+    char **args = &argv[13], **env = environ;
+    if (flags & F_PARKED)
+        receive_call(&cwd, &exe, &args, &env);
     if ((flags & (F_OVERLAY | F_PROTECT)) && enter_namespace())
         privileged = 1;  /* the user namespace's capabilities go with the rest */
     if (flags & F_OVERLAY) {
@@ -505,7 +617,7 @@ int main(int argc, char **argv) {
                 close(fd);
     }
 
-    execve(argv[12], &argv[13], environ);
+    execve(exe, args, env);
     int err = errno;
     report(ST_EXECVE, err);
     _exit(err == ENOENT ? 127 : 126); /* the shell's codes for "not found" / "cannot run" */

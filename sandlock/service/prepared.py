@@ -53,6 +53,9 @@ exactly as without this module:
      others can write; its audit log is opened when the program starts.
 (Raw system calls made through ctypes raise no audit event: the build's own, which make
 kernel objects only — the Landlock ruleset, a memfd for the BPF program.)
+Once built, the spare also starts the sandbox's trampoline (park(): launch.Parked), which
+waits unconfined for its call; it inherits the spare's process attributes, which 1
+requires of a caller, and gets the call's stdio, directory, signals and program then.
 Invariant: a prepared Sandbox is used at most once, and only after 1-3 passed at that
 moment. The checks are made before the program starts, as a new build's reads would be:
 the window in which a change goes unseen is a new build's own.
@@ -628,11 +631,25 @@ def still(payload: bytes) -> bool:
 
 def discard() -> None:
     """Drop the sandbox built ahead, if any (newer inputs are to be prepared); its kernel
-    objects go with it (Confinement.__del__)."""
+    objects go with it (Confinement.__del__), and its parked trampoline."""
     global _ready
     ready, _ready = _ready, None
+    from .. import launch
+    launch.discard_parked()
     if ready is not None:
         ready.close()
+
+
+def park() -> None:
+    """In a spare that built a sandbox ahead: its trampoline started too, parked before
+    its call (launch.Parked). The spare's process attributes are what the trampoline
+    inherits, and a call gets this sandbox only with the same attributes (changed())."""
+    if _ready is None:
+        return
+    from .. import launch
+    conf = _ready.built[0]._confinement()
+    if not launch.parked_for(conf):
+        launch.park(conf)
 
 
 def report(key: tuple) -> None:
@@ -678,9 +695,14 @@ def use(a, net_run: bool, cmd):
     key = _key(a, net_run, cmd)
     why = "none prepared" if ready is None else ready.stale(key, cmd)
     _after = (key, ready)
+    from .. import launch
+    if why is not None:
+        launch.discard_parked()
     if os.environ.get("SANDLOCK_SERVICE_DEBUG"):
+        parked = why is None and launch.parked_for(ready.built[0]._confinement())
         print(f"sandlock: service: prepared sandbox "
-              f"{'used' if why is None else 'not used: ' + why}", file=sys.stderr)
+              f"{'used' if why is None else 'not used: ' + why}"
+              f"{', its trampoline started ahead' if parked else ''}", file=sys.stderr)
     return ready.built if why is None else None
 
 
@@ -688,6 +710,8 @@ def after_call() -> None:
     """In a serving child, once its client has the exit status: what use() left."""
     global _after
     after, _after = _after, None
+    from .. import launch
+    launch.discard_parked()  # one this call did not take (a command not found...)
     if after is not None:
         key, ready = after
         report(key)

@@ -388,6 +388,8 @@ def serve(idle: float = IDLE) -> int:
                               f"abandoned ({prepared.abandoned}); its inputs are not "
                               f"prepared again", file=sys.stderr)
                         prepared.refused(inputs)
+                    else:
+                        prepared.park()
                     return ok
                 if latest[0] is not None and not prepare(latest[0]):
                     return
