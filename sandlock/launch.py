@@ -17,6 +17,7 @@ import select
 import signal
 import socket
 import struct
+import sys
 
 from . import libexec
 from ._kernel import fileops, mount_ns
@@ -175,16 +176,18 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     return spawned
 
 
-def _begin(conf, ruleset, helper_argv: list, env, stdio, pass_fds=()) -> tuple:
+def _begin(conf, ruleset, helper_argv: list, env, stdio, pass_fds=(),
+           limits: bool = True) -> tuple:
     """posix_spawn the trampoline and read its fork's record: (root pid, pidfd on the root,
     status socket, control socket, ack pipe's write end, program pid), all the caller's;
-    nothing left behind if it fails."""
+    nothing left behind if it fails. `limits`: the root gets the limits now (else the
+    caller sends them: a parked start's root then watches nothing while it waits)."""
     status, child_status = socket.socketpair(socket.AF_UNIX,
                                              socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     status_w = child_status.detach()
     control, root_control = socket.socketpair(socket.AF_UNIX,
                                               socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    for line in conf.control_lines:  # queued: the root reads them before the program runs
+    for line in conf.control_lines if limits else ():  # queued: read before the program runs
         control.send(line)
     ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
     ruleset_fd = ruleset.fd if ruleset is not None else conf.bpf_fd
@@ -260,6 +263,8 @@ class Parked:
             if len(payload) > MAX_PARKED_CALL:
                 _discard(begun)
                 return None
+            for line in self.conf.control_lines:  # the root reads them as the program
+                begun[3].send(line)                # sets up, ms before it runs
             here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 socket.send_fds(begun[2], [payload], [fd if fd >= 0 else i
@@ -329,7 +334,8 @@ def park(conf: Confinement) -> None:
         return
     try:
         begun = _begin(conf, conf.ruleset, _helper_argv(
-            conf, conf.ruleset, b"-", [b"-"], None, parked=True), os.environ, (-1, -1, -1))
+            conf, conf.ruleset, b"-", [b"-"], None, parked=True), os.environ, (-1, -1, -1),
+            limits=False)
     except (SandboxError, OSError):
         return
     _parked = Parked(conf, begun)
@@ -359,6 +365,9 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
     if len(pass_fds) > MAX_PASSED:
         raise SandboxError(f"at most {MAX_PASSED} fds can be passed to a program")
     begun = parked.call(exe, argv, env, cwd, stdio) if parked is not None else None
+    if begun is not None and os.environ.get("SANDLOCK_SERVICE_DEBUG"):
+        print("sandlock: service: its trampoline started ahead took the call",
+              file=sys.stderr)
     if begun is None:
         begun = _begin(conf, ruleset, _helper_argv(conf, ruleset, exe, argv, cwd, overlay,
                                                    len(pass_fds)), env, stdio, pass_fds)

@@ -763,7 +763,7 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
         r = client(env, *argv, debug=True, cwd=work / "sub", input="in-put\n", stdin=None,
                    preexec_fn=ignore_hup)
         seen.append(r.stderr)
-        if "its trampoline started ahead" in r.stderr:
+        if "its trampoline started ahead took the call" in r.stderr:
             break
         time.sleep(0.3)
     else:
@@ -780,7 +780,7 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
     # Without SIGHUP ignored, the same sandbox built ahead: not ignored in the program.
     time.sleep(0.5)
     r = client(env, *argv, debug=True, cwd=work / "sub", input="x\n", stdin=None)
-    assert "its trampoline started ahead" in r.stderr, r.stderr
+    assert "its trampoline started ahead took the call" in r.stderr, r.stderr
     assert not int(r.stdout.splitlines()[4].split()[1], 16) & 1 << (signal.SIGHUP - 1)
     # A parked start that died meanwhile (its waiting program killed): the call starts
     # afresh, nothing lost.
@@ -794,7 +794,8 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
         os.kill(p, signal.SIGKILL)
     r = client(env, *argv, debug=True, cwd=work / "sub", input="in-put\n", stdin=None,
                preexec_fn=ignore_hup)
-    assert "its trampoline started ahead" in r.stderr, r.stderr
+    assert "prepared sandbox used" in r.stderr, r.stderr
+    assert "its trampoline started ahead took the call" not in r.stderr, r.stderr
     assert r.returncode == 7 and r.stdout == fresh.stdout, (r.stdout, r.stderr)
     # Each spare holds one parked start (its root and the waiting program). The spare that
     # serves a call with other options kills its own; the service's end kills the rest.
@@ -818,6 +819,40 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
     assert any(alive(p) for p in parked)  # the other spares' are still waiting
     subprocess.run(IN_PROCESS + ["service", "stop"], env=env, capture_output=True, timeout=30)
     assert _wait_for(lambda: not any(alive(p) for p in parked)), parked
+
+
+def _ctxt_switches(pid) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+
+
+def test_a_trampoline_started_ahead_waits_idle_and_takes_its_limits_with_the_call(env):
+    """(review) A parked start's root watched the limits every 10 ms while it waited
+    (each spare's: ~300 wakeups a second for an idle service). Its limits now come with
+    the call, and a root is woken for them only once it has some; a memory limit is
+    enforced all the same through a start made ahead."""
+    code = "import sys; b = bytearray(int(sys.argv[1])); print('ok', len(b))"
+    argv = ["run", "-m", "64M", "--", PY, "-c", code]
+    for _ in range(20):
+        r = client(env, *argv, str(1 << 20), debug=True)
+        assert r.returncode == 0 and r.stdout == f"ok {1 << 20}\n", r.stderr  # control
+        if "its trampoline started ahead took the call" in r.stderr:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(r.stderr)
+    time.sleep(1.0)  # the spares have built and parked again
+    service = _service_pid(env)
+    spares = [p for p in _pids() if _ppid(p) == service]
+    roots = [p for p in _pids() if _ppid(p) in spares and _exe_name(p) == "sandlock-exec"]
+    assert roots, spares
+    before = {p: _ctxt_switches(p) for p in roots}
+    time.sleep(1.0)
+    woken = {p: _ctxt_switches(p) - n for p, n in before.items()}
+    assert all(n <= 3 for n in woken.values()), woken  # was ~100 each
+    r = client(env, *argv, str(256 << 20), debug=True)
+    assert "its trampoline started ahead took the call" in r.stderr, r.stderr
+    assert r.returncode != 0 and "ok" not in r.stdout, (r.stdout, r.stderr)
 
 
 def _until_prepared(env, *args, expect: str):

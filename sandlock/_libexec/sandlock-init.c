@@ -447,8 +447,10 @@ void run_init(pid_t program, int ctl) {
         end_tree();
         _exit(127);
     }
+    /* Armed by the first limit (control): a tree without limits is never woken for
+     * them, nor one started ahead of its call (launch.Parked: its limits come with it). */
     struct itimerspec tick = {{0, TICK_NS}, {0, TICK_NS}};
-    timerfd_settime(tfd, 0, &tick, NULL);
+    int armed = 0;
     long long window_start = now_ns(), window_cpu = -1, debt = 0, window_sampled = 0;
     long long memfd_bytes = 0;
     unsigned tick_count = 0;
@@ -461,6 +463,10 @@ void run_init(pid_t program, int ctl) {
         if (ctl >= 0 && (p[2].revents & (POLLIN | POLLHUP | POLLERR)) && !control(ctl)) {
             close(ctl); /* the reason of an end can no longer be told: nobody listens */
             ctl = -1;
+        }
+        if (!armed && (memory_limit >= 0 || cpu_share >= 0)) {
+            timerfd_settime(tfd, 0, &tick, NULL);
+            armed = 1;
         }
         if (p[0].revents & POLLIN) {
             struct signalfd_siginfo si;

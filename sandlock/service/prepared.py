@@ -699,10 +699,8 @@ def use(a, net_run: bool, cmd):
     if why is not None:
         launch.discard_parked()
     if os.environ.get("SANDLOCK_SERVICE_DEBUG"):
-        parked = why is None and launch.parked_for(ready.built[0]._confinement())
         print(f"sandlock: service: prepared sandbox "
-              f"{'used' if why is None else 'not used: ' + why}"
-              f"{', its trampoline started ahead' if parked else ''}", file=sys.stderr)
+              f"{'used' if why is None else 'not used: ' + why}", file=sys.stderr)
     return ready.built if why is None else None
 
 

@@ -176,13 +176,15 @@ def _client_bytes() -> bytes | None:
 
 
 def _code_stamp() -> dict[str, float]:
-    """Sandlock's modules as loaded, and the client: a change on disk retires the
-    service."""
+    """Sandlock's modules as loaded, the client and the trampoline (each spare holds one
+    started ahead: launch.Parked): a change on disk retires the service."""
+    from ..launch import HELPER
     out = {}
-    try:
-        out[CLIENT] = os.stat(CLIENT).st_mtime
-    except OSError:
-        out[CLIENT] = -1.0
+    for path in (CLIENT, HELPER):
+        try:
+            out[path] = os.stat(path).st_mtime
+        except OSError:
+            out[path] = -1.0
     for name, mod in list(sys.modules.items()):
         path = getattr(mod, "__file__", None)
         if path and name.split(".")[0] in ("sandlock", "netpolicy"):
