@@ -14,6 +14,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -168,16 +169,25 @@ class Process:
         sandbox is gone, as the program ended."""
         with self._lock:
             if self._status is None:
-                info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+                try:
+                    info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+                except ChildProcessError:  # this process ignores SIGCHLD: the kernel
+                    info = None            # reaped the root; its status is in its record
                 if self._watch is not None:
                     self._watch.cancel()
                 os.close(self._pidfd)
                 self._pidfd = -1
-                if info.si_code == os.CLD_EXITED:
+                decided, told = self._root_messages()
+                if info is not None and info.si_code == os.CLD_EXITED:
                     status = (ExitReason.EXITED, info.si_status, -1)
-                else:
+                elif info is not None:
                     status = (ExitReason.SIGNALED, -1, info.si_status)
-                decided = self._root_reason()
+                elif told is not None and os.WIFEXITED(told):
+                    status = (ExitReason.EXITED, os.WEXITSTATUS(told), -1)
+                elif told is not None and os.WIFSIGNALED(told):
+                    status = (ExitReason.SIGNALED, -1, os.WTERMSIG(told))
+                else:  # ended without a word (killed from outside): as killed
+                    status = (ExitReason.SIGNALED, -1, int(signal.SIGKILL))
                 if decided is not None and self._killed_by_us is None:
                     self._killed_by_us = decided
                 if self._killed_by_us is not None:
@@ -229,14 +239,23 @@ class Process:
                 except OSError:
                     pass
 
-    def _root_reason(self) -> "ExitReason | None":
-        """Why the root ended the sandbox itself, if it did: 'M' past max_memory."""
+    def _root_messages(self) -> "tuple[ExitReason | None, int | None]":
+        """What the root said as it ended (sandlock-init.c): why it ended the sandbox
+        itself, if it did ('M': past max_memory), and the program's wait status ('W')."""
+        reason, told = None, None
         try:
-            data = self._control.recv(16, socket.MSG_DONTWAIT)
+            while True:
+                data = self._control.recv(16, socket.MSG_DONTWAIT)
+                if not data:
+                    break
+                if data == b"M":
+                    reason = ExitReason.MEMORY
+                elif data[:1] == b"W" and len(data) == 5:
+                    (told,) = struct.unpack("<i", data[1:])
         except OSError:
-            data = b""
+            pass
         self._control.close()
-        return ExitReason.MEMORY if b"M" in data else None
+        return reason, told
 
     def wait(self, timeout: float | None = None) -> Result:
         """Wait for the sandbox to end and return its Result, as upstream Sandlock's

@@ -855,6 +855,38 @@ def test_a_trampoline_started_ahead_waits_idle_and_takes_its_limits_with_the_cal
     assert r.returncode != 0 and "ok" not in r.stdout, (r.stdout, r.stderr)
 
 
+IGNORING_SIGCHLD = [PY, "-c", "import os, signal, sys\n"
+                    "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+                    "os.execv(sys.argv[1], sys.argv[1:])"]
+
+
+@pytest.mark.parametrize("mode", ["in-process", "service"])
+def test_a_caller_that_ignores_sigchld_gets_the_status_and_no_hang(env, mode):
+    """(review) A caller that ignores SIGCHLD (a common way to avoid zombies): the
+    sandbox's root inherited it, the kernel reaped the program unseen and the root waited
+    forever; the CLI hung after the program's output (in the service, its child raised
+    ChildProcessError). The root now reaps with SIGCHLD default, tells the status on its
+    control socket (the CLI's own process may not reap it either), and the program keeps
+    the caller's disposition."""
+    e = dict(env, SANDLOCK_SERVICE="0") if mode == "in-process" else env
+    for _ in range(3 if mode == "service" else 1):  # the first call starts the service
+        r = subprocess.run(IGNORING_SIGCHLD + [CLIENT, "run", "--", "sh", "-c",
+                                               "echo hi; exit 3"],
+                           env=e, capture_output=True, text=True, timeout=30)
+        assert (r.returncode, r.stdout) == (3, "hi\n"), r.stderr
+        time.sleep(0.3)
+    r = subprocess.run(IGNORING_SIGCHLD + [CLIENT, "run", "--", "grep", "SigIgn",
+                                           "/proc/self/status"],
+                       env=e, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and int(r.stdout.split()[1], 16) & 1 << (signal.SIGCHLD - 1)
+    r = subprocess.run(IGNORING_SIGCHLD + [CLIENT, "run", "--", "sh", "-c", "kill -TERM $$"],
+                       env=e, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    r = subprocess.run([CLIENT, "run", "--", "grep", "SigIgn", "/proc/self/status"],
+                       env=e, capture_output=True, text=True, timeout=30)  # the control
+    assert not int(r.stdout.split()[1], 16) & 1 << (signal.SIGCHLD - 1), r.stdout
+
+
 def _until_prepared(env, *args, expect: str):
     """Calls with these arguments until two in a row got a sandbox built ahead."""
     deadline, used = time.monotonic() + 30, 0

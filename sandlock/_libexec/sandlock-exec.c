@@ -473,10 +473,19 @@ static void become_root_of_tree(void) {
     sigaddset(&set, SIGCHLD);
     sigaddset(&set, SIGTERM);
     sigprocmask(SIG_BLOCK, &set, NULL); /* for its signalfd, from before the fork */
+    /* The root reaps its tree: SIGCHLD ignored, as a caller may leave it, would have the
+     * kernel reap the program unseen (the root then waited forever). The program gets
+     * the caller's disposition back. */
+    struct sigaction chld_default, chld_caller;
+    memset(&chld_default, 0, sizeof chld_default);
+    chld_default.sa_handler = SIG_DFL;
+    if (sigaction(SIGCHLD, &chld_default, &chld_caller) < 0)
+        fail(ST_FORK, errno);
     pid_t child = fork();
     if (child < 0)
         fail(ST_FORK, errno);
     if (child == 0) {
+        sigaction(SIGCHLD, &chld_caller, NULL);
         sigprocmask(SIG_SETMASK, &none, NULL);
         close(FD_CONTROL);
         /* The program ends with its root, whatever ends the root. */

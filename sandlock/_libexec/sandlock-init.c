@@ -419,8 +419,16 @@ static void say(int fd, char reason) {
         send(fd, &reason, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-/* End as the program ended (a wait status; a bare signal number is "killed by it"). */
-static void mirror(int status) {
+/* End as the program ended (a wait status; a bare signal number is "killed by it"),
+ * first telling it on the control socket ("W" + int32): a parent that ignores SIGCHLD
+ * (a caller's disposition, inherited) has the kernel reap this process, status unseen. */
+static void mirror(int ctl, int status) {
+    if (ctl >= 0) {
+        char rec[5] = {'W'};
+        int32_t st = status;
+        memcpy(rec + 1, &st, sizeof st);
+        send(ctl, rec, sizeof rec, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
     if (WIFSIGNALED(status)) {
         int sig = WTERMSIG(status);
         struct rlimit none = {0, 0};
@@ -474,7 +482,7 @@ void run_init(pid_t program, int ctl) {
                 if (si.ssi_signo == SIGTERM) {
                     say(ctl, 'K');
                     end_tree();
-                    mirror(SIGKILL); /* as the program died: killed */
+                    mirror(ctl, SIGKILL); /* as the program died: killed */
                 }
             }
             pid_t pid;
@@ -487,7 +495,7 @@ void run_init(pid_t program, int ctl) {
             }
             if (program_done) {
                 end_tree();
-                mirror(status);
+                mirror(ctl, status);
             }
         }
         if (p[1].revents & POLLIN) {
@@ -503,7 +511,7 @@ void run_init(pid_t program, int ctl) {
                 if (memfd_bytes + tree_memory(memory_limit - memfd_bytes) > memory_limit) {
                     say(ctl, 'M');
                     end_tree();
-                    mirror(SIGKILL);
+                    mirror(ctl, SIGKILL);
                 }
             }
             if (cpu_share >= 0) {
