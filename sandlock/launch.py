@@ -159,13 +159,17 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     parked = _take_parked(conf)
     if parked is not None and (overlay is not None or run_rules or hold or pass_fds
                                or ruleset is not conf.ruleset):
-        parked.discard()  # never for another kind of start than the one it was made for
+        parked.discard(reap=False)  # never for another kind of start (a pipe's stages)
         parked = None
     try:
         if ruleset_ready is not None and ruleset is not None:
             ruleset_ready(ruleset.fd)
         spawned = _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
                          tuple(pass_fds), on_program, parked)
+    except BaseException:
+        if parked is not None:  # not taken (nothing once _spawn sent it its call)
+            parked.discard(reap=False)
+        raise
     finally:
         if ruleset is not None and ruleset is not conf.ruleset:
             ruleset.close()
@@ -279,10 +283,10 @@ class Parked:
             raise
         return begun
 
-    def discard(self) -> None:
+    def discard(self, reap: bool = True) -> None:
         begun, self._begun = self._begun, None
         if begun is not None:
-            _discard(begun)
+            _discard(begun, reap)
 
 
 def _call_message(exe: bytes, argv: list[bytes], env, cwd: str | None) -> bytes:
@@ -304,12 +308,21 @@ def _call_message(exe: bytes, argv: list[bytes], env, cwd: str | None) -> bytes:
         struct.pack("<I", len(strings)), *(e + b"\0" for e in strings)])
 
 
-def _discard(begun: tuple) -> None:
+def _discard(begun: tuple, reap: bool = True) -> None:
+    """Kill a parked start; reaped now, or (`reap` False: on a call's path, in a serving
+    child, which exits after its call) left to be reaped with that process's end."""
     pid, pidfd, status, control, ack_w, _ = begun
     status.close()
     control.close()
     os.close(ack_w)
-    _kill_and_reap(pid, pidfd)
+    if reap:
+        _kill_and_reap(pid, pidfd)
+        return
+    try:
+        pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    os.close(pidfd)
 
 
 def _ignored_signals() -> int:

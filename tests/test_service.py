@@ -855,6 +855,23 @@ def test_a_trampoline_started_ahead_waits_idle_and_takes_its_limits_with_the_cal
     assert r.returncode != 0 and "ok" not in r.stdout, (r.stdout, r.stderr)
 
 
+def test_pipe_stages_skip_a_parked_start_and_leave_nothing_behind(env):
+    """A pipe's stages start held, with passed fds: never through a start parked ahead,
+    which the serving spare kills without waiting for it (on the call's path); the service
+    ends with nothing of them left."""
+    def ours():
+        return {p for p in _pids() if _exe_name(p) == "sandlock-exec"
+                and os.path.exists(f"/proc/{p}") and _state(p) not in "ZX"}
+    before = ours()
+    for _ in range(4):
+        r = client(env, "pipe", "--", "echo", "hi", ":::", "--", "cat", debug=True)
+        assert r.returncode == 0 and r.stdout == "hi\n", r.stderr
+        assert "trampoline started ahead took the call" not in r.stderr, r.stderr
+        time.sleep(0.4)
+    subprocess.run(IN_PROCESS + ["service", "stop"], env=env, capture_output=True, timeout=30)
+    assert _wait_for(lambda: not (ours() - before)), ours() - before
+
+
 IGNORING_SIGCHLD = [PY, "-c", "import os, signal, sys\n"
                     "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
                     "os.execv(sys.argv[1], sys.argv[1:])"]
