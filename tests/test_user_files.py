@@ -215,6 +215,22 @@ def test_git_clone_over_http_reads_the_users_gitconfig_under_net_run(home, tmp_p
     assert r.stdout == "cloned\nFake User\nFake User\n"
 
 
+@pytest.mark.parametrize("mode", ["mounts", "landlock"])
+def test_a_repository_made_at_once_keeps_its_own_hooks_directory(home, mode):
+    """A .git made within a clock tick of the sandbox's start is the run's own: the guard
+    told git directories born before the run by the precise clock, while the filesystem
+    stamps births by the coarse one (a tick behind), and refused `git init` its hooks
+    directory. The user's own repository stays protected (the control)."""
+    for i in range(5):
+        r = cli(home, "run", "-w", str(home / "proj"), "--", "git", "init", "-q", f"r{i}",
+                mode=mode)
+        assert r.returncode == 0, r.stderr
+        assert (home / "proj" / f"r{i}" / ".git" / "hooks").is_dir()
+    r = cli(home, "run", "-w", str(home / "proj"), "--", "sh", "-c",
+            "echo x > .git/hooks/post-checkout", mode=mode)
+    assert r.returncode != 0 and not (home / "proj/.git/hooks/post-checkout").exists()
+
+
 # --- secrets and persistence vectors -----------------------------------------------------
 
 SECRETS = [".ssh/id_ed25519", ".aws/credentials", ".netrc", ".bash_history"]

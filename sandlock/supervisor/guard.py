@@ -57,6 +57,9 @@ RENAME_EXCHANGE = 2
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_CREAT
 
 
+_CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)  # Linux's number
+
+
 class Protection:
     """One sandbox's protection plan, as the supervisor checks it. `mode` is "mounts"
     (existing paths kept by the kernel) or "landlock" (no namespace: kept here too)."""
@@ -64,7 +67,11 @@ class Protection:
     CACHE = 4096  # directory identities remembered as inside (or not) a full write grant
 
     def __init__(self, plan, mode: str, confined_threads, write_roots=frozenset()):
-        self.started = time.time_ns()  # git directories born before are the user's
+        # Git directories born before are the user's. Read on the clock the filesystem
+        # stamps inodes with (the coarse one, a tick behind at most: ~10 ms here): by the
+        # precise clock, a .git the run made within a tick of its start was born "before"
+        # it, and `git init`/`git clone` were refused their own hooks directory.
+        self.started = time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
         self.write_roots = write_roots  # (dev, ino) of the Landlock rules with every write right
         self._inside: dict[tuple[int, int], bool] = {}
         self.hidden = tuple(plan.hidden)
