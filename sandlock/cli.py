@@ -283,7 +283,7 @@ def _run(a, net_run: bool = False) -> int:
         for note in sb.notices:
             _say(f"note: {note}")
         proc = sb.popen(cmd, StdioMode.INHERIT, StdioMode.INHERIT, StdioMode.INHERIT,
-                        register=False)
+                        register=False, only_run=True)
     except CommandNotFound as e:
         _say(f"{e}")
         return 127

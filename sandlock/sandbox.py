@@ -348,13 +348,16 @@ class Sandbox:
 
     def popen(self, cmd: Sequence[str], stdin=StdioMode.INHERIT, stdout=StdioMode.INHERIT,
               stderr=StdioMode.INHERIT, *, hold: bool = False, pass_fds: Sequence[int] = (),
-              extra_env: Mapping[str, str] | None = None, register: bool = True
-              ) -> "Process":
+              extra_env: Mapping[str, str] | None = None, register: bool = True,
+              only_run: bool = False) -> "Process":
         """Start `cmd` confined and return at once. With `hold`, the program is confined
         and its pid known, but it execs only at Process.start(). `pass_fds` reach the
         program as fds 3, 4, ... (a fan-in pipeline's inputs); `extra_env` adds to its
         environment. `register=False`: not in the registry of running sandboxes until
-        _register(proc, cmd) (the CLI registers a program still running after a few ms)."""
+        _register(proc, cmd) (the CLI registers a program still running after a few ms).
+        `only_run`: this Sandbox runs nothing else (the CLI's), so a private TMPDIR is its
+        root itself, not a directory of the run's beneath it (one directory fewer to make
+        and remove: ~0.4 ms of a call on an ext4 /tmp)."""
         argv = _argv(cmd)
         if self.pending:
             raise SandlockError("this sandbox holds a run's workdir changes (DEFER): "
@@ -366,7 +369,7 @@ class Sandbox:
         extra = {}
         tmpdir = None
         if self._tmp is not None and "TMPDIR" not in dict(policy.env):
-            tmpdir = self._tmp.new_run()
+            tmpdir = self._tmp.lend_root() if only_run else self._tmp.new_run()
             extra[b"TMPDIR"] = os.fsencode(tmpdir)
         if net is not None and net.dns_enabled:
             # glibc's resolver then speaks DNS over TCP, which the supervisor hands to its

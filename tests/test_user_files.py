@@ -8,6 +8,7 @@ modes ("mounts": a mount namespace of the sandbox's own; "landlock": where none 
 made, as in a container).
 """
 
+import gc
 import hashlib
 import http.server
 import os
@@ -431,6 +432,60 @@ def test_net_run_gives_a_private_tmpdir(home):
     assert lines[0] and lines[0] != "/tmp" and lines[1] == "x", r.stdout + r.stderr
     assert not os.path.exists(lines[0])  # removed at exit
     assert not os.path.exists("/tmp/sandlock-x") and "Permission denied" in r.stderr
+
+
+def test_a_private_tmpdir_is_the_cli_s_root_and_each_api_run_s_own_directory(tmp_path,
+                                                                           monkeypatch):
+    """The CLI runs one program per Sandbox: its TMPDIR is the private root itself, made
+    in the caller's TMPDIR (one directory fewer to make and remove per call). An API
+    Sandbox's runs each get a directory of their own beneath its root, removed when the
+    run ends; the root goes with the Sandbox. Both made where tempfile would make them."""
+    from sandlock import Sandbox, system_readable
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    env = dict(os.environ, TMPDIR=str(caller), XDG_STATE_HOME=str(tmp_path / "state"),
+               SANDLOCK_SERVICE="0")
+    r = subprocess.run(SANDLOCK + ["net-run", "--", "sh", "-c",
+                                   'echo "$TMPDIR"; echo x > "$TMPDIR/f" && ls "$TMPDIR"'],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    where, listed = r.stdout.splitlines()
+    assert os.path.dirname(where) == str(caller), r.stdout + r.stderr
+    assert os.path.basename(where).startswith("sandlock-tmp-") and listed == "f"
+    assert list(caller.iterdir()) == []  # gone at exit, with what the run left
+    monkeypatch.setenv("TMPDIR", str(caller))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    script = 'echo "$TMPDIR"; test -z "$(ls -A "$TMPDIR")" && echo x > "$TMPDIR/f"'
+    sb = Sandbox(fs_readable=system_readable(), private_tmp=True)
+    runs = []
+    for _ in range(2):
+        r = sb.run(["sh", "-c", script], timeout=30)
+        assert r.exit_code == 0, r.stderr
+        runs.append(r.stdout.decode().strip())
+        assert not os.path.exists(runs[-1])  # the run's own, removed with it
+    root = os.path.dirname(runs[0])
+    assert runs[0] != runs[1] and os.path.dirname(runs[1]) == root
+    assert os.path.dirname(root) == str(caller) and os.path.isdir(root)
+    del sb, r
+    gc.collect()
+    assert list(caller.iterdir()) == []  # the root, with the Sandbox
+
+
+def test_the_private_tmpdir_s_parent_is_the_one_tempfile_chooses(tmp_path):
+    """private_tmp._parent chooses as tempfile.gettempdir() does (TMPDIR, TEMP, TMP, then
+    /tmp...: the first usable), without its probe file: compared in fresh interpreters."""
+    usable, missing, a_file = tmp_path / "usable", tmp_path / "missing", tmp_path / "file"
+    usable.mkdir()
+    a_file.write_text("")
+    code = ("import sys, tempfile; from sandlock.private_tmp import _parent; "
+            "print(_parent()); print(tempfile.gettempdir())")
+    for extra in ({"TMPDIR": str(usable)}, {"TMPDIR": str(missing)},
+                  {"TMPDIR": str(a_file), "TMP": str(usable)}, {"TEMP": str(usable)}, {}):
+        env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
+        r = subprocess.run([sys.executable, "-c", code], env={**env, **extra},
+                           capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        ours, tempfiles = r.stdout.splitlines()
+        assert ours == tempfiles, (extra, r.stdout, r.stderr)
+    assert list(usable.iterdir()) == []
 
 
 def test_a_protected_file_named_in_a_writable_grant_is_the_users(home):
