@@ -1092,6 +1092,40 @@ def test_the_service_serves_where_the_kernel_s_audit_stream_is_readable(env, ker
     assert "started a thread" not in _log(env)
 
 
+def test_a_sandbox_built_ahead_is_not_used_once_the_kernel_s_audit_is_turned_on(env,
+                                                                             tmp_path):
+    """Whether the kernel's audit subsystem is on is asked again at each use of a net-run
+    sandbox built ahead (its audit log then gets Landlock's own records): the question is
+    sent first and its answer read after the other checks (the kernel takes ~0.15 ms).
+    Turned on after the build, the sandbox is not used; the control: it is, while the
+    answer stays the same. (With the audit on, net-run is not built ahead: its audit log
+    would start reading the audit stream in the spare.)"""
+    if os.geteuid() != 0:
+        pytest.skip("the audit subsystem is turned on and off by root")
+    from test_explain import _audit_enabled
+    from sandlock._kernel import audit
+    was = audit.enabled()
+    _audit_enabled(False)
+    env = dict(env, XDG_STATE_HOME=str(tmp_path))
+    try:
+        _wait_served(env)
+
+        deadline = time.monotonic() + 30
+        while True:  # the control: used, while the answer stays the same
+            r = client(env, "net-run", "--", "/bin/true", debug=True, cwd=tmp_path)
+            if "prepared sandbox used" in r.stderr:
+                break
+            assert time.monotonic() < deadline, r.stderr
+            time.sleep(0.3)
+        time.sleep(0.3)
+        _audit_enabled(True)
+        r = client(env, "net-run", "--", "/bin/true", debug=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert "prepared sandbox not used: audit.enabled changed" in r.stderr, r.stderr
+    finally:
+        _audit_enabled(was)
+
+
 def _log(env) -> str:
     try:
         with open(os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "service.log")) as f:
