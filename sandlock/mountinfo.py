@@ -1,6 +1,6 @@
 """This process's mount table, parsed from /proc/self/mountinfo (proc(5)): one reader for
 what asks which mounts expose a path (home_policy.exposures) and on which filesystem a
-path lies (service/prepared.py)."""
+path lies (service/reads.py)."""
 
 from __future__ import annotations
 

@@ -1137,10 +1137,10 @@ def _log(env) -> str:
 def test_a_prepared_build_reads_and_never_changes_anything(tmp_path):
     """What a build may do while it is recorded: read (each read is noted, with what it
     saw); anything else is refused before it happens."""
-    from sandlock.service import prepared
+    from sandlock.service import reads
     f = tmp_path / "f"
     f.write_text("content")
-    with prepared.recording() as rec:
+    with reads.recording() as rec:
         with open(f) as fh:
             assert fh.read() == "content"
         assert os.path.isdir(tmp_path) and not os.path.exists(tmp_path / "none")

@@ -27,7 +27,7 @@ def enabled() -> bool:
 
 def ask_enabled() -> socket.socket | None:
     """AUDIT_GET sent, its answer read by enabled_answer(): the kernel's reply takes
-    ~0.15 ms here, which a caller can spend on other work (service/prepared.py)."""
+    ~0.15 ms here, which a caller can spend on other work (service/reads.py)."""
     try:
         s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_AUDIT)
     except OSError:
