@@ -307,6 +307,52 @@ def test_names_made_outside_during_a_run_survive_its_commit(tmp_path, backend):
     assert sorted(os.listdir(work / "sub")) == ["h2", "new2"]
 
 
+def test_a_directory_removed_outside_during_a_run_keeps_only_the_run_s_changes(tmp_path,
+                                                                              backend):
+    """(found 2026-12-06, pre-existing) On the seccomp backend, a directory the run only
+    listed and someone else removed during the run came back, empty, at commit; one the
+    run wrote a file into made the whole commit fail (ENOENT on the directory's untouched
+    files, the layer kept). Now both backends agree: what the run made beneath it is
+    committed, with the directory made again for it; the workdir's files it held stay
+    removed, and a directory the run only read stays gone. The control: a change the run
+    made elsewhere is committed alongside."""
+    import threading
+    work, sig = tmp_path / "work", tmp_path / "sig"
+    sig.mkdir()
+    for d in ("listed", "written", "deep"):
+        (work / d / "sub").mkdir(parents=True)
+        (work / d / "f").write_text("f")
+        (work / d / "sub" / "g").write_text("g")
+    (work / "top").write_text("old")
+    script = (f"ls listed listed/sub >/dev/null && cat listed/f >/dev/null && "
+              f"echo run > written/new && ls deep/sub >/dev/null && "
+              f"echo run > deep/sub/new && echo new > top && touch {sig}/ready && "
+              f"while [ ! -e {sig}/go ]; do sleep 0.05; done")
+    sb = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT,
+                 fs_writable=[str(sig)])
+    out = []
+    t = threading.Thread(target=lambda: out.append(sb.run(["sh", "-c", script],
+                                                          timeout=60)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not (sig / "ready").exists():
+        assert time.monotonic() < deadline and t.is_alive(), out
+        time.sleep(0.02)
+    for d in ("listed", "written", "deep"):
+        shutil.rmtree(work / d)
+    (sig / "go").touch()
+    t.join(60)
+    r = out[0]
+    assert r.success and r.error is None, (r, r.stderr)
+    assert (work / "top").read_text() == "new\n"  # the control
+    assert sorted(os.listdir(work)) == ["deep", "top", "written"]
+    assert os.listdir(work / "written") == ["new"]
+    assert (work / "written" / "new").read_text() == "run\n"
+    assert os.listdir(work / "deep") == ["sub"] and os.listdir(work / "deep" / "sub") == ["new"]
+    assert sorted(c.path for c in r.changes) == ["deep", "deep/sub", "deep/sub/new", "top",
+                                                 "written", "written/new"]
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)

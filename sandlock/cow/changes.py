@@ -195,6 +195,33 @@ def _all_below(root: str, rel: str, action: str, out: list, layer: CowLayer | No
             _all_below(path, r, action, out, layer)
 
 
+def _only_the_runs(layer: CowLayer, udir: str, rel: str, out: list) -> bool:
+    """A directory of the workdir that the run looked into (materialized: its entries
+    stand for the workdir's) and that someone else removed during the run: what the run
+    made or changed beneath it, as added (the directory too, made again for it), and
+    nothing if the run changed nothing there. The workdir's entries it held, untouched,
+    went with it, as they would have on the real filesystem (and as overlayfs' upper
+    directory, which holds only the run's own entries, has it). True if anything was."""
+    if _xattr(udir, PENDING) is not None:
+        return False  # never looked into: nothing of the run's beneath
+    found: list = []
+    for name in sorted(os.listdir(udir)):
+        upath, r = os.path.join(udir, name), f"{rel}/{name}"
+        if layer.placeholder_origin(upath) == r:
+            continue  # the workdir's file, untouched, removed with its directory
+        if stat.S_ISDIR(os.lstat(upath).st_mode) and _xattr(upath, ORIGIN) == r:
+            _only_the_runs(layer, upath, r, found)
+            continue
+        e = _upper_entry(layer, upath)
+        found.append(Change(r, "added", None, e))
+        if e.kind == "dir":
+            _all_below(upath, r, "added", found, layer)
+    if found:
+        out.append(Change(rel, "added", None, entry(udir, own=True)))
+        out.extend(found)
+    return bool(found)
+
+
 def diff(layer) -> list[Change]:
     """Every change the layer holds, sorted by path (parents first)."""
     from .ownfiles import searchable
@@ -233,6 +260,9 @@ def _compare(layer: CowLayer, udir: str, rel: str, out: list) -> None:
             continue
         after = _upper_entry(layer, upath)
         if before is None:
+            if after.kind == "dir" and _xattr(upath, ORIGIN) == r:
+                _only_the_runs(layer, upath, r, out)  # this very directory, removed outside
+                continue
             out.append(Change(r, "added", None, after))
             if after.kind == "dir":
                 _all_below(upath, r, "added", out, layer)
