@@ -325,6 +325,39 @@ WORKFLOWS = {
                                         b'{"build": "node -e \\"require(\'fs\').writeFileSync('
                                         b'\'out.txt\', \'built\')\\""}}'},
                        "npm run -s build && cat out.txt", ()),
+    # Calls on names and fds that tools make in passing (2026-12-06: all passed already).
+    "renameat2-exchange-and-noreplace": ({"a": b"A\n", "b": b"B\n"},
+                                         "python3 -c \"import ctypes; l = ctypes.CDLL(None, "
+                                         "use_errno=True); print(l.renameat2(-100, b'a', -100, "
+                                         "b'b', 2), l.renameat2(-100, b'a', -100, b'b', 1), "
+                                         "ctypes.get_errno())\" && cat a b", ()),
+    "fds-outlive-their-names": ({"f": b"1\n", "r": b"kept\n"},
+                                "exec 3>>f 4<r && mv f g && rm r && echo 2 >&3 && cat <&4 && "
+                                "exec 3>&- 4<&- && cat g && ls", ()),
+    "hardlinks-share-writes": ({"a": b"orig\n"}, "ln a b && echo more >> a && cat b && "
+                               "echo c > c && ln c d && echo more >> d && cat c && "
+                               "stat -c %h a b c d", ()),
+    "symlinks-absolute-dangling-looping": ({"f": b"F\n"},
+                                           "ln -s \"$PWD/f\" abs && echo X > abs && cat f && "
+                                           "ln -s t l && (cat l 2>/dev/null || echo none) && "
+                                           "echo T > t && cat l && ln -s x y && ln -s y x && "
+                                           "(cat x 2>&1 | sed 's/.*: //')", ()),
+    "replace-dir-with-symlink": ({"d/x": b"1", "e/y": b"2"}, "rm -r d && ln -s e d && ls d/",
+                                 ()),
+    "mv-out-to-tmpdir-and-back": ({"f": b"F\n"}, "mv f \"$TMPDIR/f\" && ls && "
+                                  "mv \"$TMPDIR/f\" g && cat g", ()),
+    "find-delete-and-unlink-while-listing": ({"a/b.o": b"1", "a/c.c": b"2", "d/1": b"",
+                                              "d/2": b""},
+                                             "find . -name '*.o' -delete && python3 -c "
+                                             "\"import os\nfor e in os.scandir('d'): "
+                                             "os.unlink(e.path)\nprint(os.listdir('d'))\" && "
+                                             "find . -type f | sort", ()),
+    "install-D-and-rename-across-parents": ({"tool": b"#!/bin/sh\necho i\n", "a/x/f": b"1"},
+                                            "install -m 755 -D tool out/bin/tool && "
+                                            "out/bin/tool && mv a/x out/x && ls a out", ()),
+    "git-reset-hard-and-clean": (_git_repo, "echo junk > f && mkdir -p build && "
+                                 "touch build/o && git reset -q --hard && git clean -qfdx && "
+                                 "cat f && ls && git status --porcelain", (".git/index",)),
 }
 
 
