@@ -335,7 +335,6 @@ def parse_env(env) -> tuple[tuple[str, str], ...]:
 
 def parse_runtime(fields: dict, deny_syscalls: frozenset[str]):
     """(callback, timeout, event kinds) of policy_fn; (None, 2.0, ∅) without one."""
-    from .supervisor.runtime import EVENT_KINDS
     fn = fields.get("policy_fn")
     timeout = fields.get("policy_fn_timeout", 2.0)
     events = fields.get("policy_fn_events")
@@ -343,6 +342,7 @@ def parse_runtime(fields: dict, deny_syscalls: frozenset[str]):
         if events is not None:
             raise PolicyError("policy_fn_events: set without a policy_fn")
         return None, 2.0, frozenset()
+    from .supervisor.runtime import EVENT_KINDS  # ~1-3 ms to import: only with a policy_fn
     if not callable(fn):
         raise PolicyError(f"policy_fn: expected a callable fn(event, ctx), got {fn!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not \
@@ -489,25 +489,35 @@ def parse_limits(fields: dict):
     return parse(fields)
 
 
+# The fields workspace_policy.parse_workspace and credential_policy.parse_credentials read
+# (each says so when it gets none of them: no workspace, no credentials).
+_WORKSPACE_FIELDS = ("workdir", "fs_storage", "max_disk", "workspace_backend")
+_CREDENTIAL_FIELDS = ("credentials", "credential_env", "http_auth")
+
+
 def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     """Validate the user's fields; `deny_syscalls` comes from sandlock.syscall_filter."""
     reject_unimplemented(fields)
     readable = _paths("fs_readable", fields.get("fs_readable"), must_exist=True)
     writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
     denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
-    from .workspace_policy import parse_workspace
-    workspace, readable, writable, denied, write_excluded = parse_workspace(
-        fields, readable, writable, denied)
+    workspace, write_excluded = None, ()
+    if any(fields.get(k) is not None for k in _WORKSPACE_FIELDS):  # imported only then
+        from .workspace_policy import parse_workspace
+        workspace, readable, writable, denied, write_excluded = parse_workspace(
+            fields, readable, writable, denied)
     from .fs_rules import is_beneath
     http, http_ports = parse_http(fields)
     if fields.get("http_auth") and not (fields.get("net_allow") or fields.get("http_allow")):
         raise PolicyError("http_auth: no destination is allowed (add net_allow or "
                           "http_allow for the hosts the credentials are for)")
     intercept = parse_intercept(fields, http)
-    from .credential_policy import denied_files, parse_credentials
-    wd = (workspace.workdir,) if workspace is not None else ()
-    credentials = parse_credentials(fields, intercept, writable + wd, is_beneath)
-    denied += tuple(p for p in denied_files(credentials) if p not in denied)
+    credentials = None
+    if any(fields.get(k) for k in _CREDENTIAL_FIELDS):  # imported only then
+        from .credential_policy import denied_files, parse_credentials
+        wd = (workspace.workdir,) if workspace is not None else ()
+        credentials = parse_credentials(fields, intercept, writable + wd, is_beneath)
+        denied += tuple(p for p in denied_files(credentials) if p not in denied)
     if intercept is not None:
         # The CA's private key (and the store's temporary leaf keys) are never readable
         # inside the sandbox; the injected bundle (public) is.

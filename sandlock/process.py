@@ -28,7 +28,7 @@ from .result import ExitReason, Result
 
 if TYPE_CHECKING:
     from . import launch
-    from .sandbox import _Workspace
+    from .workspace_run import _Workspace
     from .supervisor.loop import Session
 
 _DRAIN_AFTER_KILL = 2.0

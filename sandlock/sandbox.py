@@ -11,7 +11,7 @@ import functools
 import os
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from . import confinement as _confinement
 from . import launch, syscall_filter
@@ -24,7 +24,9 @@ from .run_setup import _CLEAN_ENV_KEEP, _DEFAULT_PATH  # noqa: F401  (clones, mc
 from .run_setup import (_early_limits, _environment, _find_executable, _settled, _stdio,
                         _unwatch_later, _watch)
 from .supervisor.loop import Session, supervisor
-from .workspace_run import _Workspace
+
+if TYPE_CHECKING:
+    from .workspace_run import _Workspace  # imported by a run that has a workdir
 
 
 @dataclass
@@ -433,7 +435,10 @@ class Sandbox:
             runtime.on_limits = lambda memory=None, processes=None: _early_limits(
                 session, early, memory, processes)
         pwd = env.get("PWD") if env is os.environ else os.fsdecode(env.get(b"PWD", b""))
-        workspace = _Workspace.start(policy, self.on_exit, self.on_error, session, pwd)
+        workspace = None
+        if policy.workspace is not None:
+            from .workspace_run import _Workspace
+            workspace = _Workspace.start(policy, self.on_exit, self.on_error, session, pwd)
         session.overlay = workspace is not None and workspace.overlay is not None
         session.own_mounts = session.overlay or conf.protect_fd >= 0
         ruleset_ready = None
