@@ -251,7 +251,13 @@ def _default_audit_path() -> str:
     state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     directory = os.path.join(state, "sandlock")
     if not os.path.isdir(directory):  # a build ahead looks, never makes (service/prepared)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as e:
+            from .errors import SandlockError
+            raise SandlockError(f"net-run's audit log: cannot make {directory} "
+                                f"({e.strerror}): pass --audit FILE, or set XDG_STATE_HOME "
+                                f"to a directory you may write") from None
     return os.path.join(directory, "net-run-audit.jsonl")
 
 

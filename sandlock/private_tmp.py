@@ -16,6 +16,8 @@ import shutil
 import tempfile
 import weakref
 
+from .errors import SandlockError
+
 
 def _remove(path: str) -> None:
     """Remove `path` and what the sandbox left in it, making the directories it locked
@@ -59,25 +61,36 @@ def _removed(root: str) -> None:
     _remove(root)
 
 
-def _parent() -> str:
-    """The directory tempfile.gettempdir() chooses (tempfile.tempdir if set; else TMPDIR,
-    TEMP, TMP, /tmp, /var/tmp, /usr/tmp, the working directory: the first usable), asked
-    afresh (a CLI-service child takes its caller's environment) and without its probe, a
-    file created, written and removed in the directory (~0.5 ms of a call on this ext4
-    /tmp): the first candidate that is a directory this process may write and search."""
+def _candidates() -> list[str]:
+    """Where tempfile.gettempdir() looks, in its order: tempfile.tempdir if set; else
+    TMPDIR, TEMP, TMP, /tmp, /var/tmp, /usr/tmp, the working directory. Asked afresh (a
+    CLI-service child takes its caller's environment)."""
     if tempfile.tempdir is not None:
-        return tempfile.tempdir
-    candidates = [d for d in map(os.environ.get, ("TMPDIR", "TEMP", "TMP")) if d]
-    candidates += ["/tmp", "/var/tmp", "/usr/tmp"]
+        return [tempfile.tempdir]
+    found = [d for d in map(os.environ.get, ("TMPDIR", "TEMP", "TMP")) if d]
+    found += ["/tmp", "/var/tmp", "/usr/tmp"]
     try:
-        candidates.append(os.getcwd())
+        found.append(os.getcwd())
     except OSError:
         pass
-    for d in candidates:
-        d = os.path.abspath(d)
-        if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
-            return d
-    raise FileNotFoundError(errno.ENOENT, f"no usable temporary directory in {candidates}")
+    return [os.path.abspath(d) for d in found]
+
+
+def _make_root() -> str:
+    """A new private root in the first candidate where one can be made, as tempfile's
+    choice and mkdtemp would make it, with the directory made standing for tempfile's
+    probe (a file created, written and removed there: ~0.5 ms of a call on this ext4
+    /tmp). A refusal moves on to the next candidate, as tempfile's probe does: what
+    os.access cannot see refuses too (a caller confined by Landlock, a full filesystem)."""
+    refused = []
+    for d in _candidates():
+        try:
+            return _mkdtemp("sandlock-tmp-", d)
+        except OSError as e:
+            refused.append(f"{d} ({e.strerror})")
+    raise SandlockError(f"private TMPDIR: no directory where one can be made: "
+                        f"{', '.join(refused)} (set TMPDIR to a directory you may write, or "
+                        f"private_tmp: false)")
 
 
 def _mkdtemp(prefix: str, parent: str) -> str:
@@ -96,21 +109,30 @@ def _mkdtemp(prefix: str, parent: str) -> str:
 
 class PrivateTmp:
     def __init__(self):
-        self.root = os.path.realpath(_mkdtemp("sandlock-tmp-", _parent()))
+        self.root = os.path.realpath(_make_root())
+        self.lent = False
         _LIVE.add(self.root)
         self._finalizer = weakref.finalize(self, _removed, self.root)
 
     def new_run(self) -> str:
         """A fresh directory for one run's TMPDIR."""
+        self._not_lent()
         path = _mkdtemp("run-", self.root)
         os.chmod(path, 0o700)
         return path
 
     def lend_root(self) -> str:
-        """The root itself as a run's TMPDIR, for a sandbox that runs only that one (the
-        CLI's): what the run leaves goes with the root."""
+        """The root itself as the TMPDIR of the one run its sandbox makes (the CLI's):
+        what the run leaves goes with the root. Lent once: the root is that run's alone."""
+        self._not_lent()
         os.chmod(self.root, 0o700)  # as new_run's, whatever the umask
+        self.lent = True
         return self.root
+
+    def _not_lent(self) -> None:
+        if self.lent:
+            raise SandlockError("this sandbox's private TMPDIR was its one run's "
+                                "(popen(only_run=True)): it makes no other run")
 
     def end_run(self, path: str) -> None:
         if os.path.dirname(path) == self.root:  # never the root (lend_root): close()'s

@@ -468,16 +468,29 @@ def test_a_private_tmpdir_is_the_cli_s_root_and_each_api_run_s_own_directory(tmp
     del sb, r
     gc.collect()
     assert list(caller.iterdir()) == []  # the root, with the Sandbox
+    # only_run: the root is the run's TMPDIR, lent once (review: a second run shared it).
+    from sandlock import StdioMode
+    from sandlock.errors import SandlockError
+    sb = Sandbox(fs_readable=system_readable(), private_tmp=True)
+    p = sb.popen(["sh", "-c", 'echo "$TMPDIR"'], stdout=StdioMode.PIPED, only_run=True)
+    assert os.path.dirname(p.communicate(timeout=30).stdout.decode().strip()) == str(caller)
+    with pytest.raises(SandlockError, match="its one run"):
+        sb.popen(["true"])
+    del sb, p
+    gc.collect()
+    assert list(caller.iterdir()) == []
 
 
 def test_the_private_tmpdir_s_parent_is_the_one_tempfile_chooses(tmp_path):
-    """private_tmp._parent chooses as tempfile.gettempdir() does (TMPDIR, TEMP, TMP, then
-    /tmp...: the first usable), without its probe file: compared in fresh interpreters."""
+    """private_tmp makes its root where tempfile.gettempdir() would choose (TMPDIR, TEMP,
+    TMP, then /tmp...: the first usable), without its probe file: compared in fresh
+    interpreters."""
     usable, missing, a_file = tmp_path / "usable", tmp_path / "missing", tmp_path / "file"
     usable.mkdir()
     a_file.write_text("")
-    code = ("import sys, tempfile; from sandlock.private_tmp import _parent; "
-            "print(_parent()); print(tempfile.gettempdir())")
+    code = ("import os, tempfile; from sandlock.private_tmp import _make_root; "
+            "root = _make_root(); os.rmdir(root); print(os.path.dirname(root)); "
+            "print(tempfile.gettempdir())")
     for extra in ({"TMPDIR": str(usable)}, {"TMPDIR": str(missing)},
                   {"TMPDIR": str(a_file), "TMP": str(usable)}, {"TEMP": str(usable)}, {}):
         env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
@@ -486,6 +499,51 @@ def test_the_private_tmpdir_s_parent_is_the_one_tempfile_chooses(tmp_path):
         ours, tempfiles = r.stdout.splitlines()
         assert ours == tempfiles, (extra, r.stdout, r.stderr)
     assert list(usable.iterdir()) == []
+
+
+LANDLOCKED = """
+import ctypes, os, sys
+from sandlock._kernel import landlock as L
+ruleset = L.LandlockRuleset(L.abi_version(), L.FS_MAKE_DIR, 0, 0)
+fd = os.open(".", os.O_PATH)
+if os.environ.get("LANDLOCK_CWD_TOO") != "0":
+    ruleset.allow_path_fd(fd, L.FS_MAKE_DIR)
+ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+assert ruleset.restrict_self_errno() == 0
+os.execv(sys.executable, [sys.executable, "-m", "sandlock", *sys.argv[1:]])
+"""
+
+
+def test_a_caller_confined_by_landlock_gets_its_private_tmpdir_where_it_may_make_one(
+        tmp_path):
+    """(review) A caller whose Landlock domain lets it make directories only in its
+    working directory (an agent's own sandbox): os.access cannot see that, so the
+    private TMPDIR's root is made in the first candidate where a mkdir succeeds, as
+    tempfile's probe found it — the working directory, after /tmp, /var/tmp, /usr/tmp
+    refused (it crashed with a traceback)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TEMP", "TMP")}
+    env.update(SANDLOCK_SERVICE="0", XDG_STATE_HOME=str(work / "state"))
+    script = 'echo "$TMPDIR"; echo x > "$TMPDIR/f" && cat "$TMPDIR/f"; mkdir /tmp/no-$$'
+    r = subprocess.run([sys.executable, "-c", LANDLOCKED, "net-run", "--", "sh", "-c",
+                        script], env=env, cwd=work, capture_output=True, text=True,
+                       timeout=60)
+    where, x = r.stdout.splitlines()[:2]
+    assert os.path.dirname(where) == str(work) and x == "x", (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "Permission denied" in r.stderr  # the control
+    assert sorted(p.name for p in work.iterdir()) == ["state"]  # the root, gone at exit
+    r = subprocess.run([sys.executable, "-c", LANDLOCKED, "net-run", "--", "true"],
+                       env=dict(env, LANDLOCK_CWD_TOO="0"), cwd=work, capture_output=True,
+                       text=True, timeout=60)  # nowhere at all: told in one line
+    assert r.returncode == 125 and r.stderr.count("\n") == 1, r.stderr
+    assert "private TMPDIR: no directory where one can be made: /tmp (" in r.stderr
+    r = subprocess.run([sys.executable, "-c", LANDLOCKED, "net-run", "--", "true"],
+                       env=dict(env, LANDLOCK_CWD_TOO="0",
+                                XDG_STATE_HOME=str(work / "new-state")),
+                       cwd=work, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 125 and r.stderr.count("\n") == 1, r.stderr  # so is its log's
+    assert f"net-run's audit log: cannot make {work}/new-state/sandlock" in r.stderr
 
 
 def test_a_protected_file_named_in_a_writable_grant_is_the_users(home):
