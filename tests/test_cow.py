@@ -353,6 +353,46 @@ def test_a_directory_removed_outside_during_a_run_keeps_only_the_run_s_changes(t
                                                  "written", "written/new"]
 
 
+def test_a_renamed_directory_whose_original_is_removed_outside_is_never_committed_empty(
+        tmp_path, backend):
+    """(review) The seccomp layer records a directory the run renames, and reads its
+    entries from the workdir's original when first needed. Removed outside before that,
+    the original's entries are in neither place: the commit reported success with the
+    renamed directory empty (h lost). It is refused now, the layer kept (as a renamed
+    file's commit already was); the overlay backend copied it at the rename and commits
+    it whole. The control: the same run with nothing removed outside commits it whole."""
+    import threading
+    for removed in (False, True):
+        work, sig = tmp_path / f"work{removed}", tmp_path / f"sig{removed}"
+        (work / "d" / "sub").mkdir(parents=True)
+        (work / "d" / "sub" / "h").write_text("h")
+        (work / "d" / "f").write_text("f")
+        sig.mkdir()
+        script = (f"mv d/sub d/sub2 && touch {sig}/ready && "
+                  f"while [ ! -e {sig}/go ]; do sleep 0.05; done")
+        sb = cow_box(work, tmp_path / f"store{removed}", backend,
+                     on_exit=BranchAction.COMMIT, fs_writable=[str(sig)])
+        out = []
+        t = threading.Thread(target=lambda: out.append(sb.run(["sh", "-c", script],
+                                                              timeout=60)))
+        t.start()
+        deadline = time.monotonic() + 30
+        while not (sig / "ready").exists():
+            assert time.monotonic() < deadline and t.is_alive(), out
+            time.sleep(0.02)
+        if removed:
+            shutil.rmtree(work / "d")
+        (sig / "go").touch()
+        t.join(60)
+        r = out[0]
+        if not removed or backend == "overlay":
+            assert r.success and r.error is None, (r, r.stderr)
+            assert (work / "d" / "sub2" / "h").read_text() == "h"
+        else:
+            assert r.error is not None and "was removed during the run" in r.error, r
+            assert "layer kept" in r.error and not (work / "d").exists()
+
+
 def test_a_failing_run_is_discarded_by_default(tree, tmp_path, backend):
     work = _copy(tree, tmp_path / "work")
     before = snapshot(work)

@@ -185,7 +185,7 @@ def _names(path: str) -> list[str]:
 def _all_below(root: str, rel: str, action: str, out: list, layer: CowLayer | None) -> None:
     """Every entry beneath `root` (a lower or an upper directory) as added or deleted."""
     if layer is not None:
-        layer._materialize(root)
+        layer._materialize(root, at_commit=True)
     for name in sorted(os.listdir(root)):
         path, r = os.path.join(root, name), f"{rel}/{name}"
         e = _upper_entry(layer, path) if layer is not None else entry(path)
@@ -239,7 +239,7 @@ def _compare(layer: CowLayer, udir: str, rel: str, out: list) -> None:
         origin = _safe_rel(_xattr(udir, ORIGIN) or ".")
         if origin == (rel or "."):
             return  # never looked into: unchanged beneath
-        layer._materialize(udir)
+        layer._materialize(udir, at_commit=True)
     ldir = os.path.join(layer.lower, rel) if rel else layer.lower
     upper_names, lower_names = set(os.listdir(udir)), set(_names(ldir))
     # What the run could have removed (None: all of it) — when udir stands for this very

@@ -180,8 +180,12 @@ class CowLayer:
 
     # --- materialization -------------------------------------------------------------------
 
-    def _materialize(self, udir: str, ino: int | None = None) -> None:
-        """Give a pending upper directory one entry per entry of its lower origin."""
+    def _materialize(self, udir: str, ino: int | None = None, *, at_commit: bool = False
+                     ) -> None:
+        """Give a pending upper directory one entry per entry of its lower origin. Its
+        origin removed meanwhile (outside: the run never changes the workdir) leaves it
+        empty, which is what the run sees then; `at_commit` (the diff) refuses that
+        instead (FileNotFoundError): what it held is in neither the layer nor the workdir."""
         if ino is not None and ino in self._complete:
             return
         if _xattr(udir, PENDING) is None:
@@ -201,6 +205,11 @@ class CowLayer:
         try:
             entries = list(os.scandir(ldir))
         except (FileNotFoundError, NotADirectoryError):
+            if at_commit:
+                raise FileNotFoundError(
+                    errno.ENOENT, f"{self.relative(udir) or '.'}: the workdir directory it "
+                    f"stands for ({origin}) was removed during the run; what it held is "
+                    f"not in the layer", ldir) from None
             entries = []
         for e in entries:
             up = os.path.join(udir, e.name)
