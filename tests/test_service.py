@@ -734,6 +734,49 @@ def test_another_command_takes_a_sandbox_built_ahead_only_with_the_same_grants(e
     assert r.returncode != 0 and "tool-data" not in r.stdout, (r.stdout, r.stderr)
 
 
+def test_a_sandbox_built_ahead_outlives_changes_beside_what_it_read(env, tmp_path):
+    """A build ahead watches the directories above each path it read; only the entry the
+    path goes through matters there (another file made in the home, or in /tmp beside the
+    project, changes nothing it read: each such change threw the build away before, so a
+    project under a busy /tmp, where every net-run makes its private TMPDIR, rarely found
+    one). The controls: an entry on a path it read, and one in a directory it listed (the
+    project's own), still mean a new build."""
+    home, proj = tmp_path / "home", tmp_path / "up" / "proj"
+    home.mkdir()
+    proj.mkdir(parents=True)
+    (proj / "notes").write_text("n\n")
+    env = dict(env, HOME=str(home))
+    args = ("run", "-w", str(proj), "--", "cat", "notes")
+
+    def call():
+        return client(env, *args, debug=True, cwd=proj)
+    _until_prepared_in(env, proj, args, "n\n")
+    (home / "unrelated").write_text("x")
+    (tmp_path / "up" / "sibling").mkdir()  # beside the project, above it
+    r = call()
+    assert r.stdout == "n\n" and "prepared sandbox used" in r.stderr, r.stderr
+    time.sleep(1.0)
+    (proj / "new").write_text("y")  # in the project, which the build listed
+    r = call()
+    assert "not used: a directory it read changed" in r.stderr, r.stderr
+    _until_prepared_in(env, proj, args, "n\n")
+    os.rename(tmp_path / "up", tmp_path / "up2")  # an entry on the path: moved away
+    os.rename(tmp_path / "up2", tmp_path / "up")  # and back, the same directory
+    r = call()
+    assert "not used: a directory it read changed" in r.stderr, r.stderr
+
+
+def _until_prepared_in(env, cwd, args, expect: str):
+    deadline, used = time.monotonic() + 30, 0
+    while used < 2:
+        r = client(env, *args, debug=True, cwd=cwd)
+        assert r.stdout == expect, r.stderr
+        used = used + 1 if "prepared sandbox used" in r.stderr else 0
+        assert time.monotonic() < deadline, r.stderr
+        time.sleep(0.3)
+    time.sleep(1.0)
+
+
 def _exe_name(pid):
     try:
         return os.path.basename(os.readlink(f"/proc/{pid}/exe"))

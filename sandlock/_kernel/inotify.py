@@ -4,6 +4,7 @@ renamed, or their attributes changed), used to know when a scan must be redone."
 from __future__ import annotations
 
 import os
+import struct
 
 from .syscall import syscall
 
@@ -24,10 +25,36 @@ def init() -> int:
     return syscall(NR_INOTIFY_INIT1, IN_NONBLOCK | IN_CLOEXEC)
 
 
-def watch_directory(fd: int, path: str) -> None:
-    """Watch directory `path` itself (not a symlink to one) for CHANGES."""
-    syscall(NR_INOTIFY_ADD_WATCH, fd, os.fsencode(path),
-            CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW)
+def watch_directory(fd: int, path: str) -> int:
+    """Watch directory `path` itself (not a symlink to one) for CHANGES; its watch
+    descriptor (the same for every path to one directory)."""
+    return syscall(NR_INOTIFY_ADD_WATCH, fd, os.fsencode(path),
+                   CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW)
+
+
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
+
+
+def events(fd: int, limit: int = 1 << 16):
+    """(wd, name) of every event queued so far, read from `fd` (non-blocking); the name
+    is b"" for an event on the watched directory itself, wd -1 for a queue overflow, as
+    is what lies past `limit` bytes of events (left unread)."""
+    total = 0
+    while total < limit:
+        try:
+            data = os.read(fd, 16384)
+        except BlockingIOError:
+            return
+        if not data:
+            return
+        total += len(data)
+        pos = 0
+        while pos + _EVENT.size <= len(data):
+            wd, _, _, n = _EVENT.unpack_from(data, pos)
+            name = data[pos + _EVENT.size:pos + _EVENT.size + n].rstrip(b"\0")
+            pos += _EVENT.size + n
+            yield wd, name
+    yield -1, b""  # more than `limit`: as an overflow
 
 
 def drain(fd: int) -> None:

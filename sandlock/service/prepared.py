@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import select
 import signal
 import socket
 import sys
@@ -83,10 +82,11 @@ abandoned = ""  # what made prepare() give up (for the service's log)
 
 class _Prepared:
     def __init__(self, payload, key, env, cwd, attrs, built, toolchain, watch: int,
-                 redo: dict):
+                 redo: dict, matter: dict):
         self.payload = payload  # the inputs it was built from, as report() sent them
         self.key, self.env, self.cwd, self.attrs = key, env, cwd, attrs
-        self.built, self.watch, self.redo = built, watch, redo
+        self.built, self.watch, self.redo, self.matter = built, watch, redo, matter
+        self.moved = False  # an event that matters was read (reads.moved)
         # (toolchain.Toolchains, the grants it gave the build's command), or None where
         # the build consulted no toolchain (--strict, --no-system): the command's name
         # then builds nothing either.
@@ -146,7 +146,8 @@ class _Prepared:
     def read_changed(self) -> str | None:
         """What the build read that has changed since, or None."""
         try:
-            if select.select([self.watch], [], [], 0)[0]:
+            self.moved = self.moved or reads.moved(self.watch, self.matter)
+            if self.moved:
                 return "a directory it read changed"
             return reads.changed(self.redo)
         except Exception as e:  # a check that cannot be made: a change

@@ -17,7 +17,9 @@ which make kernel objects only — the Landlock ruleset, a memfd for the BPF pro
 
 Watched (watch()): an inotify descriptor on every directory those paths lie in or under
 (as spelled and as resolved) and each directory listed, for entries made, removed,
-renamed, or changed in owner or mode. What inotify cannot vouch for is read again at use
+renamed, or changed in owner or mode. In a directory listed every event matters; in one
+above a path read, only those on the entry the path goes through and on the directory
+itself (moved()): what resolving the path meets, and nothing else there, can change it. What inotify cannot vouch for is read again at use
 and compared (changed()): contents read, files of several links, /proc and /sys, the
 mount table, anything on a filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere), and
 every answer from elsewhere.
@@ -298,17 +300,20 @@ def mounts() -> list[tuple[str, str]]:
                   key=lambda m: -len(m[0]))
 
 
-def watch(deps: dict, mounts) -> tuple[int, dict] | None:
+def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     """An inotify descriptor watching what a change to any of `deps` changes: the
     directory of each path read and every directory above it, as spelled and as resolved,
     and each directory listed (entries made, removed, renamed, their owner or mode
-    changed; inotify.CHANGES); and the deps it cannot vouch for, to redo at use: contents
-    read (a write is no entry change), files of several links (changed through another
-    name), /proc and /sys, and what lies on a filesystem not in _LOCAL_FS. None if a watch
-    cannot be set (no instance or watch left for this user, ...)."""
+    changed; inotify.CHANGES); the deps it cannot vouch for, to redo at use: contents read
+    (a write is no entry change), files of several links (changed through another name),
+    /proc and /sys, and what lies on a filesystem not in _LOCAL_FS; and which events
+    matter (moved()): in a directory listed, any; in one above a path read, those on the
+    entry the path goes through and on the directory itself, not on its other entries
+    (another file made in /tmp or the home changes nothing the build read). None if a
+    watch cannot be set (no instance or watch left for this user, ...)."""
     from .._kernel import inotify
     from ..fs_rules import is_beneath
-    dirs: set[str] = set()
+    names: dict[str, set | None] = {}  # directory -> its entries that matter (None: all)
     redo: dict = {}
     for dep, seen in deps.items():
         if dep[0] == "Q":  # an answer from elsewhere than a file: asked again
@@ -324,26 +329,51 @@ def watch(deps: dict, mounts) -> tuple[int, dict] | None:
             continue
         for p in {path, real}:
             if dep[0] == "L" and seen[0] == "ok":
-                dirs.add(p)
-            d = os.path.dirname(p)
-            while d not in dirs:
-                dirs.add(d)
-                d = os.path.dirname(d)
+                names[p] = None
+            elif p == "/":
+                names.setdefault("/", set())  # its own changes: the events without a name
+            while p != "/":
+                d, name = os.path.dirname(p), os.fsencode(os.path.basename(p))
+                known = names.setdefault(d, set())
+                if known is None or name in known:
+                    break  # and so is every directory above it
+                known.add(name)
+                p = d
     try:
         fd = inotify.init()
     except OSError:
         return None
+    matter: dict[int, set | None] = {}  # watch descriptor -> names[] of its directory
     try:
-        for d in dirs:
+        for d, wanted in names.items():
             try:
-                inotify.watch_directory(fd, d)
+                wd = inotify.watch_directory(fd, d)
             except OSError as e:
                 if e.errno not in (errno.ENOENT, errno.ENOTDIR):
                     raise  # gone or not a directory: its parent's watch sees it come
+                continue
+            if wanted is None or matter.get(wd, set()) is None:
+                matter[wd] = None  # two spellings of one directory: either's names
+            else:
+                matter[wd] = matter.get(wd, set()) | wanted
     except OSError:
         os.close(fd)
         return None
-    return fd, redo
+    return fd, redo, matter
+
+
+def moved(fd: int, matter: dict) -> bool:
+    """Whether an event queued on watch()'s `fd` matters (its `matter`): one on a listed
+    directory, on a directory itself, on an entry a path read goes through, or an event
+    of no known watch (an overflow: wd -1, or more events queued than inotify.events
+    parses at once, ~2,000: a spare never reads them while it waits; a watch the kernel
+    dropped). The events are read: the caller keeps the answer."""
+    from .._kernel import inotify
+    for wd, name in inotify.events(fd):
+        wanted = matter.get(wd, ())
+        if wd not in matter or wanted is None or not name or name in wanted:
+            return True
+    return False
 
 
 @contextlib.contextmanager
