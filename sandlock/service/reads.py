@@ -18,8 +18,11 @@ which make kernel objects only — the Landlock ruleset, a memfd for the BPF pro
 Watched (watch()): an inotify descriptor on every directory those paths lie in or under
 (as spelled and as resolved) and each directory listed, for entries made, removed,
 renamed, or changed in owner or mode. In a directory listed every event matters; in one
-above a path read, only those on the entry the path goes through and on the directory
-itself (moved()): what resolving the path meets, and nothing else there, can change it. What inotify cannot vouch for is read again at use
+a path goes through, only those on the entry looked up there and on the directory itself
+(moved()): what resolving the path meets, and nothing else there, can change it. Which
+entries those are is found as the kernel resolves the path (_lookups: through `..` and
+each symlink of a chain as it takes them, never os.path's lexical normalization), and
+a directory that looks names up ignoring case counts whole. What inotify cannot vouch for is read again at use
 and compared (changed()): contents read, files of several links, /proc and /sys, the
 mount table, anything on a filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere), and
 every answer from elsewhere.
@@ -301,20 +304,21 @@ def mounts() -> list[tuple[str, str]]:
 
 
 def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
-    """An inotify descriptor watching what a change to any of `deps` changes: the
-    directory of each path read and every directory above it, as spelled and as resolved,
-    and each directory listed (entries made, removed, renamed, their owner or mode
-    changed; inotify.CHANGES); the deps it cannot vouch for, to redo at use: contents read
-    (a write is no entry change), files of several links (changed through another name),
-    /proc and /sys, and what lies on a filesystem not in _LOCAL_FS; and which events
-    matter (moved()): in a directory listed, any; in one above a path read, those on the
-    entry the path goes through and on the directory itself, not on its other entries
-    (another file made in /tmp or the home changes nothing the build read). None if a
-    watch cannot be set (no instance or watch left for this user, ...)."""
+    """An inotify descriptor watching what a change to any of `deps` changes: each
+    directory the kernel looks an entry up in to resolve a path read (from /, through
+    `..` and symlinks as it takes them) and each directory listed (entries made,
+    removed, renamed, their owner or mode changed; inotify.CHANGES); the deps it cannot
+    vouch for, to redo at use: contents read (a write is no entry change), files of
+    several links (changed through another name), /proc and /sys, and what lies on a
+    filesystem not in _LOCAL_FS; and which events matter (moved()): in a directory listed,
+    any; in one a path goes through, those on the entry it looks up there and on the
+    directory itself, not on its other entries (another file made in /tmp or the home
+    changes nothing the build read). None if a watch cannot be set (no instance or watch
+    left for this user, ...), or if what the paths resolve through changed meanwhile."""
     from .._kernel import inotify
     from ..fs_rules import is_beneath
-    names: dict[str, set | None] = {}  # directory -> its entries that matter (None: all)
     redo: dict = {}
+    walked: list[tuple[str, bool]] = []
     for dep, seen in deps.items():
         if dep[0] == "Q":  # an answer from elsewhere than a file: asked again
             redo[dep] = seen
@@ -327,18 +331,9 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
                 and seen[1][5] > 1):
             redo[dep] = seen
             continue
-        for p in {path, real}:
-            if dep[0] == "L" and seen[0] == "ok":
-                names[p] = None
-            elif p == "/":
-                names.setdefault("/", set())  # its own changes: the events without a name
-            while p != "/":
-                d, name = os.path.dirname(p), os.fsencode(os.path.basename(p))
-                known = names.setdefault(d, set())
-                if known is None or name in known:
-                    break  # and so is every directory above it
-                known.add(name)
-                p = d
+        spelled = dep[1] if os.path.isabs(dep[1]) else os.path.join(os.getcwd(), dep[1])
+        walked.append((spelled, dep[0] == "L" and seen[0] == "ok"))
+    names = _lookups(walked)
     try:
         fd = inotify.init()
     except OSError:
@@ -359,7 +354,90 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     except OSError:
         os.close(fd)
         return None
+    if _lookups(walked) != names:  # a symlink re-pointed, ... before the watches were set
+        os.close(fd)
+        return None
     return fd, redo, matter
+
+
+def _lookups(walked: list[tuple[str, bool]]) -> dict[str, set | None]:
+    """directory -> the entry names looked up in it to resolve each (absolute) path of
+    `walked`, as the kernel does: component by component from /, `..` to the parent of
+    the directory reached, a symlink's target in its place (from / if absolute), up to
+    the first name missing (its creation is an event on that name) or a non-directory.
+    None for a directory whose every entry counts: one listed (the path's flag), or one
+    whose names are looked up ignoring case (casefolded: another spelling is the same
+    entry)."""
+    names: dict[str, set | None] = {"/": set()}  # /: its own events count
+    met: dict[str, tuple | None] = {}  # path -> (a symlink's target or None, a directory)
+
+    def look(p: str) -> tuple | None:
+        if p not in met:
+            try:
+                st = os.lstat(p)
+                met[p] = (os.readlink(p) if stat.S_ISLNK(st.st_mode) else None,
+                          stat.S_ISDIR(st.st_mode))
+            except OSError:
+                met[p] = None
+        return met[p]
+    for path, listed in walked:
+        cur, stack, hops = "/", path.split("/")[::-1], 0
+        while stack:
+            part = stack.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                cur = os.path.dirname(cur)
+                continue
+            known = names.setdefault(cur, set())
+            if known is not None:
+                known.add(os.fsencode(part))
+            nxt = os.path.join(cur, part)
+            found = look(nxt)
+            if found is None:
+                break
+            target, is_dir = found
+            if target is not None:
+                hops += 1
+                if hops > 40:  # ELOOP for the kernel too
+                    break
+                stack.extend(target.split("/")[::-1])
+                if target.startswith("/"):
+                    cur = "/"
+                continue
+            if not is_dir:
+                break
+            cur = nxt
+        else:
+            if listed:
+                names[cur] = None
+    for d, known in names.items():
+        if known is not None and _casefolded(d):
+            names[d] = None
+    return names
+
+
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_CASEFOLD_FL = 0x40000000
+
+
+def _casefolded(path: str) -> bool:
+    """Directory `path` looks its names up ignoring case (chattr +F on ext4, f2fs,
+    tmpfs); True where it cannot be told (every event then counts)."""
+    import fcntl
+    import struct
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC |
+                     os.O_NONBLOCK)
+    except OSError as e:
+        return e.errno not in (errno.ENOENT, errno.ENOTDIR)  # gone: its parent's watch
+    try:
+        flags = struct.unpack("l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 8))[0]
+    except OSError as e:
+        return e.errno not in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP)
+    finally:
+        os.close(fd)
+    return bool(flags & _FS_CASEFOLD_FL)
 
 
 def moved(fd: int, matter: dict) -> bool:
