@@ -766,6 +766,66 @@ def test_a_sandbox_built_ahead_outlives_changes_beside_what_it_read(env, tmp_pat
     assert "not used: a directory it read changed" in r.stderr, r.stderr
 
 
+def test_a_sandbox_built_ahead_sees_what_a_path_through_dotdot_or_a_symlink_chain_meets(
+        env, tmp_path):
+    """(review of the watches above paths read) What counts in a directory above a path
+    read is the entry the kernel looks up there, through `..` and symlinks as it takes
+    them: a PATH entry `home/x/../bin` goes through `x` (missing at the build: the tool is
+    found further down PATH, and its installation granted), and one through a chain of
+    symlinks goes through each link's directory. Made or re-pointed since, the build is
+    not used: the command found now is another, which must not get the first one's
+    grants (its secret). The in-process CLI is the reference."""
+    home, other = tmp_path / "home", tmp_path / "other"
+    for d in (home / "bin", home / "optA" / "bin", other / "A", other / "B", other / "C" / "bin"):
+        d.mkdir(parents=True)
+    (home / "optA" / "secret").write_text("SECRET\n")
+    (home / "optA" / "bin" / "tool").write_text("#!/bin/sh\necho A\n")
+    for b in (home / "bin", other / "C" / "bin"):
+        (b / "tool").write_text(f"#!/bin/sh\necho B; cat {home}/optA/secret\n")
+    for t in (home / "optA" / "bin" / "tool", home / "bin" / "tool", other / "C" / "bin" / "tool"):
+        t.chmod(0o755)
+    os.symlink(other / "A" / "l2", home / "l")
+    os.symlink(other / "B", other / "A" / "l2")
+    for path, change in ((f"{home}/x/../bin", lambda: (home / "x").mkdir()),
+                         (f"{home}/l/bin", lambda: (os.unlink(other / "A" / "l2"),
+                                                    os.symlink(other / "C", other / "A" / "l2")))):
+        e = dict(env, HOME=str(home), PATH=f"{path}:{home}/optA/bin:/usr/bin:/bin")
+        args = ("run", "-r", str(home / "bin"), "-r", str(other), "--", "tool")
+        _until_prepared_in(e, tmp_path, args, "A\n")
+        change()
+        r = client(e, *args, debug=True, cwd=tmp_path)
+        assert "SECRET" not in r.stdout, (path, r.stdout, r.stderr)
+        assert "prepared sandbox not used" in r.stderr, (path, r.stderr)
+        ref = in_process(e, *args, cwd=tmp_path)
+        assert r.stdout == ref.stdout == "B\n" and r.returncode == ref.returncode != 0, \
+            (path, r.stdout, ref.stdout)
+
+
+def test_a_spare_builds_again_what_changed_while_it_waited(env, tmp_path):
+    """A spare reads its build's inotify events while it waits: when what the build read
+    changes, it builds again once that has been quiet for a second (server.REBUILD_AFTER),
+    so the next call gets a sandbox built ahead that sees the change — a secret made in
+    the home since is hidden — instead of building its own (it found the old one stale).
+    The control: a call right after the change does not use the stale build."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("public notes\n")
+    env = dict(env, HOME=str(home))
+    flags = ("run", "-r", str(home), "--", "cat")
+    _until_prepared_in(env, tmp_path, (*flags, str(home / "notes.txt")), "public notes\n")
+    (home / ".netrc").write_text("machine example.com password SECRET\n")
+    r = client(env, *flags, str(home / ".netrc"), debug=True, cwd=tmp_path)
+    assert "not used: a directory it read changed" in r.stderr, r.stderr  # the control
+    assert "SECRET" not in r.stdout and r.returncode != 0, (r.stdout, r.stderr)
+    time.sleep(1.0)  # the spares build the new call's sandbox (its inputs), and wait
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("SECRET2\n")
+    time.sleep(2.5)  # more than REBUILD_AFTER of quiet: built again meanwhile
+    r = client(env, *flags, str(home / ".aws" / "credentials"), debug=True, cwd=tmp_path)
+    assert "prepared sandbox used" in r.stderr, r.stderr
+    assert "SECRET2" not in r.stdout and r.returncode != 0, (r.stdout, r.stderr)
+
+
 def _until_prepared_in(env, cwd, args, expect: str):
     deadline, used = time.monotonic() + 30, 0
     while used < 2:

@@ -278,6 +278,34 @@ def still(payload: bytes) -> bool:
     return _ready is not None and _ready.payload == payload and _ready.read_changed() is None
 
 
+def current() -> "_Prepared | None":
+    """The sandbox built ahead, if any: a waiting spare reads the events of its inotify
+    descriptor (.watch) as they come (idle()), so that a call finds few left to read."""
+    return _ready
+
+
+def idle() -> bool:
+    """In a waiting spare whose watch has events: read them; whether one mattered (the
+    sandbox built ahead is then stale: stale_inputs())."""
+    if _ready is None:
+        return False
+    from .._kernel import inotify
+    try:
+        hit = reads.moved(_ready.watch, _ready.matter)
+        if hit:
+            inotify.drain(_ready.watch)  # the rest adds nothing to that
+    except OSError:
+        hit = True
+    _ready.moved = _ready.moved or hit
+    return hit
+
+
+def stale_inputs() -> bytes | None:
+    """The inputs of the sandbox built ahead if what it read has changed (to build it
+    again), else None."""
+    return _ready.payload if _ready is not None and _ready.moved else None
+
+
 def discard() -> None:
     """Drop the sandbox built ahead, if any (newer inputs are to be prepared); its kernel
     objects go with it (Confinement.__del__), and its parked trampoline."""

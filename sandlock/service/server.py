@@ -42,6 +42,8 @@ IDLE = 600.0          # seconds without a request before the service exits
 # (5 ms apart) find one warm, not one still warming: 22 -> 13 ms here with 3 (4: no
 # better); each costs ~6.5 MB of its own.
 SPARE = 3
+REBUILD_AFTER = 1.0   # seconds of quiet before a spare builds again what changed while it waits
+WATCH_EVERY = 0.1     # seconds between a waiting spare's reads of its build's inotify events
 MAX_BUSY = 64         # children serving at once; more clients wait in the backlog or fall back
 
 
@@ -216,13 +218,30 @@ def _accept(listener: socket.socket, quit_r: int, news: socket.socket | None = N
     serves, and with the client, on two cores); a spare busy building ahead is skipped
     by the kernel, and sees the client only if no spare waits (then it may get EAGAIN)."""
     ep = select.epoll()
+    # The build ahead whose inotify fd is watched here (by identity: a new build's fd may
+    # reuse the number), the fd, and when to build it again.
+    owner, watch, again = None, -1, None
+    resume = None  # the watch's events are read at most every WATCH_EVERY: when again
     try:
         ep.register(listener, select.EPOLLIN | select.EPOLLEXCLUSIVE)
         ep.register(quit_r, select.EPOLLIN)
         if news is not None:
             ep.register(news, select.EPOLLIN)
         while True:
-            ready = {fd for fd, _ in ep.poll()}
+            now = time.monotonic()
+            if on_news is not None and (prepared.current() is not owner or
+                                        (resume is not None and now >= resume)):
+                if watch >= 0 and resume is None:
+                    try:
+                        ep.unregister(watch)
+                    except (OSError, ValueError):
+                        pass  # closed with the build it watched
+                owner, resume = prepared.current(), None
+                watch = owner.watch if owner is not None else -1
+                if watch >= 0:
+                    ep.register(watch, select.EPOLLIN)
+            due = [t for t in (again, resume) if t is not None]
+            ready = {fd for fd, _ in ep.poll(max(0.0, min(due) - now) if due else -1)}
             if quit_r in ready:
                 return None
             if listener.fileno() in ready:  # first: its wakeup was this spare's alone
@@ -242,6 +261,20 @@ def _accept(listener: socket.socket, quit_r: int, news: socket.socket | None = N
                     ep.unregister(news)
                     news = None
                 elif not on_news(m):
+                    return None
+                again = None  # built from those inputs now
+            if watch in ready and resume is None and prepared.current() is owner:
+                if prepared.idle():
+                    # What the build read changed: built again once nothing that
+                    # matters has changed for REBUILD_AFTER (a directory that keeps
+                    # changing, an install in the project, is not built for each time).
+                    again = time.monotonic() + REBUILD_AFTER
+                ep.unregister(watch)  # a busy /tmp's events, read in batches
+                resume = time.monotonic() + WATCH_EVERY
+            if again is not None and time.monotonic() >= again:
+                again = None
+                payload = prepared.stale_inputs()
+                if payload is not None and not on_news(payload):
                     return None
     finally:
         ep.close()
