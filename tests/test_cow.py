@@ -265,40 +265,49 @@ def test_a_commit_never_writes_where_the_sandbox_moved_the_workdir(tmp_path, bac
     assert not (base / "b" / "wd" / "planted").exists()  # the moved workdir: not applied
 
 
+def _paused_run(sb, sig, script: str, outside):
+    """sb.run() of `script`, held once it is done until outside() has run (someone else
+    changing the workdir during the run): the run says it is there with sig/ready and
+    waits for sig/go (sig: a directory made before the sandbox, which it may write)."""
+    import threading
+    held = (f"{script} && touch {sig}/ready && "
+            f"while [ ! -e {sig}/go ]; do sleep 0.05; done")
+    out = []
+    t = threading.Thread(target=lambda: out.append(sb.run(["sh", "-c", held], timeout=60)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not (sig / "ready").exists():
+        assert time.monotonic() < deadline and t.is_alive(), out
+        time.sleep(0.02)
+    outside()
+    (sig / "go").touch()
+    t.join(60)
+    return out[0]
+
+
 def test_names_made_outside_during_a_run_survive_its_commit(tmp_path, backend):
     """(hunt) The seccomp backend's commit deleted every name made in the workdir by
     someone else during the run, in each directory the run changed (a file, a tree, a
     symlink; another sandbox's output on the same workdir). They stay now; what the run
     removed is still removed (the control). An untouched file removed outside meanwhile
     stays removed (its commit failed with ENOENT, every time)."""
-    import threading
     work, sig = tmp_path / "work", tmp_path / "sig"
     (work / "sub").mkdir(parents=True)
-    sig.mkdir()
     (work / "a").write_text("a")
     (work / "gone").write_text("g")
     (work / "u").write_text("u")  # untouched by the run, removed outside during it
-    script = (f"touch h sub/h2 && rm gone && touch {sig}/ready && "
-              f"while [ ! -e {sig}/go ]; do sleep 0.05; done")
+    sig.mkdir()
     sb = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT,
                  fs_writable=[str(sig)])
-    out = []
-    t = threading.Thread(target=lambda: out.append(sb.run(["sh", "-c", script],
-                                                          timeout=60)))
-    t.start()
-    deadline = time.monotonic() + 30
-    while not (sig / "ready").exists():
-        assert time.monotonic() < deadline and t.is_alive(), out
-        time.sleep(0.02)
-    (work / "new.txt").write_text("mine")
-    (work / "od" / "deep").mkdir(parents=True)
-    (work / "od" / "deep" / "z").write_text("z")
-    os.symlink("a", work / "ln")
-    (work / "sub" / "new2").write_text("mine too")
-    (work / "u").unlink()
-    (sig / "go").touch()
-    t.join(60)
-    r = out[0]
+
+    def outside():
+        (work / "new.txt").write_text("mine")
+        (work / "od" / "deep").mkdir(parents=True)
+        (work / "od" / "deep" / "z").write_text("z")
+        os.symlink("a", work / "ln")
+        (work / "sub" / "new2").write_text("mine too")
+        (work / "u").unlink()
+    r = _paused_run(sb, sig, "touch h sub/h2 && rm gone", outside)
     assert r.success, (r, r.stderr)
     assert sorted(os.listdir(work)) == ["a", "h", "ln", "new.txt", "od", "sub"]
     assert (work / "new.txt").read_text() == "mine"
@@ -316,33 +325,20 @@ def test_a_directory_removed_outside_during_a_run_keeps_only_the_run_s_changes(t
     committed, with the directory made again for it; the workdir's files it held stay
     removed, and a directory the run only read stays gone. The control: a change the run
     made elsewhere is committed alongside."""
-    import threading
     work, sig = tmp_path / "work", tmp_path / "sig"
-    sig.mkdir()
     for d in ("listed", "written", "deep"):
         (work / d / "sub").mkdir(parents=True)
         (work / d / "f").write_text("f")
         (work / d / "sub" / "g").write_text("g")
     (work / "top").write_text("old")
-    script = (f"ls listed listed/sub >/dev/null && cat listed/f >/dev/null && "
-              f"echo run > written/new && ls deep/sub >/dev/null && "
-              f"echo run > deep/sub/new && echo new > top && touch {sig}/ready && "
-              f"while [ ! -e {sig}/go ]; do sleep 0.05; done")
+    script = ("ls listed listed/sub >/dev/null && cat listed/f >/dev/null && "
+              "echo run > written/new && ls deep/sub >/dev/null && "
+              "echo run > deep/sub/new && echo new > top")
+    sig.mkdir()
     sb = cow_box(work, tmp_path / "store", backend, on_exit=BranchAction.COMMIT,
                  fs_writable=[str(sig)])
-    out = []
-    t = threading.Thread(target=lambda: out.append(sb.run(["sh", "-c", script],
-                                                          timeout=60)))
-    t.start()
-    deadline = time.monotonic() + 30
-    while not (sig / "ready").exists():
-        assert time.monotonic() < deadline and t.is_alive(), out
-        time.sleep(0.02)
-    for d in ("listed", "written", "deep"):
-        shutil.rmtree(work / d)
-    (sig / "go").touch()
-    t.join(60)
-    r = out[0]
+    r = _paused_run(sb, sig, script, lambda: [shutil.rmtree(work / d)
+                                              for d in ("listed", "written", "deep")])
     assert r.success and r.error is None, (r, r.stderr)
     assert (work / "top").read_text() == "new\n"  # the control
     assert sorted(os.listdir(work)) == ["deep", "top", "written"]
@@ -361,30 +357,16 @@ def test_a_renamed_directory_whose_original_is_removed_outside_is_never_committe
     renamed directory empty (h lost). It is refused now, the layer kept (as a renamed
     file's commit already was); the overlay backend copied it at the rename and commits
     it whole. The control: the same run with nothing removed outside commits it whole."""
-    import threading
     for removed in (False, True):
         work, sig = tmp_path / f"work{removed}", tmp_path / f"sig{removed}"
         (work / "d" / "sub").mkdir(parents=True)
         (work / "d" / "sub" / "h").write_text("h")
         (work / "d" / "f").write_text("f")
         sig.mkdir()
-        script = (f"mv d/sub d/sub2 && touch {sig}/ready && "
-                  f"while [ ! -e {sig}/go ]; do sleep 0.05; done")
         sb = cow_box(work, tmp_path / f"store{removed}", backend,
                      on_exit=BranchAction.COMMIT, fs_writable=[str(sig)])
-        out = []
-        t = threading.Thread(target=lambda: out.append(sb.run(["sh", "-c", script],
-                                                              timeout=60)))
-        t.start()
-        deadline = time.monotonic() + 30
-        while not (sig / "ready").exists():
-            assert time.monotonic() < deadline and t.is_alive(), out
-            time.sleep(0.02)
-        if removed:
-            shutil.rmtree(work / "d")
-        (sig / "go").touch()
-        t.join(60)
-        r = out[0]
+        r = _paused_run(sb, sig, "mv d/sub d/sub2",
+                        lambda: shutil.rmtree(work / "d") if removed else None)
         if not removed or backend == "overlay":
             assert r.success and r.error is None, (r, r.stderr)
             assert (work / "d" / "sub2" / "h").read_text() == "h"
