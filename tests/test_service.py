@@ -905,23 +905,31 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
     from sandlock.service.server import SPARE
     service = _service_pid(env)
     time.sleep(1.0)
-    spares = [p for p in _pids() if _ppid(p) == service]
-    parked = {p: _ppid(p) for p in _pids()
-              if _ppid(p) in spares and _exe_name(p) == "sandlock-exec"}
-    parked.update({p: _ppid(p) for p in _pids()
-                   if _ppid(p) in parked and _exe_name(p) == "sandlock-exec"})
+
+    def starts():
+        """Each parked start's processes (its root, the waiting program) -> its spare."""
+        spares = [p for p in _pids() if _ppid(p) == service]
+        parked = {p: _ppid(p) for p in _pids()
+                  if _ppid(p) in spares and _exe_name(p) == "sandlock-exec"}
+        parked.update({p: parked[_ppid(p)] for p in _pids()
+                       if _ppid(p) in parked and _exe_name(p) == "sandlock-exec"})
+        return spares, parked
+    spares, parked = starts()
     assert len(spares) == SPARE and 0 < len(parked) <= 2 * SPARE, (spares, parked)
 
     def alive(pid):
         return os.path.exists(f"/proc/{pid}") and _state(pid) not in "ZX"
     r = client(env, "run", "--strict", "--", "echo", "other", debug=True)
     assert r.stdout == "other\n" and "not used: other options" in r.stderr, r.stderr
+    assert _wait_for(lambda: any(not alive(s) for s in spares))  # the one that served
     gone = [s for s in spares if not alive(s)]
-    assert _wait_for(lambda: not any(alive(p) for p, parent in parked.items()
-                                     if parent in gone or parked.get(parent) in gone))
-    assert any(alive(p) for p in parked)  # the other spares' are still waiting
+    assert _wait_for(lambda: not any(alive(p) for p, spare in parked.items()
+                                     if spare in gone))
+    time.sleep(1.0)  # the spares build the new call's sandbox ahead and park its start
+    spares, now = starts()
+    assert now and all(alive(p) for p in now), now  # the control: starts wait
     subprocess.run(IN_PROCESS + ["service", "stop"], env=env, capture_output=True, timeout=30)
-    assert _wait_for(lambda: not any(alive(p) for p in parked)), parked
+    assert _wait_for(lambda: not any(alive(p) for p in [*parked, *now])), (parked, now)
 
 
 def _ctxt_switches(pid) -> int:
