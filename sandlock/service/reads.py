@@ -316,24 +316,30 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     changes nothing the build read). None if a watch cannot be set (no instance or watch
     left for this user, ...), or if what the paths resolve through changed meanwhile."""
     from .._kernel import inotify
-    from ..fs_rules import is_beneath
+    points = {}  # mount point -> the filesystem type of the one seen there: the last
+    for point, fs in mounts:  # mounted (mountinfo's order, which `mounts` keeps per point)
+        points[point] = fs
+
+    def fs_of(real: str) -> str:
+        while real not in points and real != "/":
+            real = os.path.dirname(real)
+        return points.get(real, "?")
     redo: dict = {}
-    walked: list[tuple[str, bool]] = []
+    chosen: list[tuple[str, bool]] = []  # (absolute path as spelled, listed)
+    look = _looker()
     for dep, seen in deps.items():
         if dep[0] == "Q":  # an answer from elsewhere than a file: asked again
             redo[dep] = seen
             continue
-        path = os.path.abspath(dep[1])
-        real = os.path.realpath(path)
-        fs = next((t for point, t in mounts if is_beneath(real, point)), "?")
-        if fs not in _LOCAL_FS or (dep[0] == "O" and len(seen) == 3) or (
+        spelled = dep[1] if os.path.isabs(dep[1]) else os.path.join(os.getcwd(), dep[1])
+        _, real = _resolve(spelled, look)
+        if fs_of(real) not in _LOCAL_FS or (dep[0] == "O" and len(seen) == 3) or (
                 seen[0] == "ok" and dep[0] in "SO" and stat.S_ISREG(seen[1][0])
                 and seen[1][5] > 1):
             redo[dep] = seen
             continue
-        spelled = dep[1] if os.path.isabs(dep[1]) else os.path.join(os.getcwd(), dep[1])
-        walked.append((spelled, dep[0] == "L" and seen[0] == "ok"))
-    names = _lookups(walked)
+        chosen.append((spelled, dep[0] == "L" and seen[0] == "ok"))
+    names = _lookups(chosen, look)
     try:
         fd = inotify.init()
     except OSError:
@@ -354,22 +360,16 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     except OSError:
         os.close(fd)
         return None
-    if _lookups(walked) != names:  # a symlink re-pointed, ... before the watches were set
+    if _lookups(chosen, _looker()) != names:  # a symlink re-pointed... before the watches
         os.close(fd)
         return None
     return fd, redo, matter
 
 
-def _lookups(walked: list[tuple[str, bool]]) -> dict[str, set | None]:
-    """directory -> the entry names looked up in it to resolve each (absolute) path of
-    `walked`, as the kernel does: component by component from /, `..` to the parent of
-    the directory reached, a symlink's target in its place (from / if absolute), up to
-    the first name missing (its creation is an event on that name) or a non-directory.
-    None for a directory whose every entry counts: one listed (the path's flag), or one
-    whose names are looked up ignoring case (casefolded: another spelling is the same
-    entry)."""
-    names: dict[str, set | None] = {"/": set()}  # /: its own events count
-    met: dict[str, tuple | None] = {}  # path -> (a symlink's target or None, a directory)
+def _looker():
+    """lstat, memoized for one walk over many paths: path -> (a symlink's target or None,
+    a directory), or None where there is nothing."""
+    met: dict[str, tuple | None] = {}
 
     def look(p: str) -> tuple | None:
         if p not in met:
@@ -380,37 +380,55 @@ def _lookups(walked: list[tuple[str, bool]]) -> dict[str, set | None]:
             except OSError:
                 met[p] = None
         return met[p]
+    return look
+
+
+def _resolve(path: str, look) -> tuple[list[tuple[str, str]], str]:
+    """How the kernel resolves absolute `path`: the (directory, name) of each lookup,
+    component by component from /, `..` to the parent of the directory reached, a
+    symlink's target in its place (from / if absolute), up to the first name missing (its
+    creation is an event on that name) or a non-directory; and where it leads (with what
+    is left of it after a missing name: where it would be made)."""
+    cur, stack, hops, met = "/", path.split("/")[::-1], 0, []
+    while stack:
+        part = stack.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            cur = os.path.dirname(cur)
+            continue
+        met.append((cur, part))
+        nxt = os.path.join(cur, part)
+        found = look(nxt)
+        if found is None or hops > 40:  # missing; ELOOP for the kernel too
+            return met, os.path.join(nxt, *stack[::-1])
+        target, is_dir = found
+        if target is not None:
+            hops += 1
+            stack.extend(target.split("/")[::-1])
+            if target.startswith("/"):
+                cur = "/"
+            continue
+        if not is_dir:
+            return met, os.path.join(nxt, *stack[::-1])
+        cur = nxt
+    return met, cur
+
+
+def _lookups(walked: list[tuple[str, bool]], look) -> dict[str, set | None]:
+    """directory -> the entry names looked up in it to resolve each path of `walked`
+    (_resolve), or None for a directory whose every entry counts: one a path flagged
+    `listed` leads to, or one whose names are looked up ignoring case (casefolded: another
+    spelling is the same entry)."""
+    names: dict[str, set | None] = {"/": set()}  # /: its own events count
     for path, listed in walked:
-        cur, stack, hops = "/", path.split("/")[::-1], 0
-        while stack:
-            part = stack.pop()
-            if part in ("", "."):
-                continue
-            if part == "..":
-                cur = os.path.dirname(cur)
-                continue
-            known = names.setdefault(cur, set())
+        met, end = _resolve(path, look)
+        for d, part in met:
+            known = names.setdefault(d, set())
             if known is not None:
                 known.add(os.fsencode(part))
-            nxt = os.path.join(cur, part)
-            found = look(nxt)
-            if found is None:
-                break
-            target, is_dir = found
-            if target is not None:
-                hops += 1
-                if hops > 40:  # ELOOP for the kernel too
-                    break
-                stack.extend(target.split("/")[::-1])
-                if target.startswith("/"):
-                    cur = "/"
-                continue
-            if not is_dir:
-                break
-            cur = nxt
-        else:
-            if listed:
-                names[cur] = None
+        if listed:
+            names[end] = None
     for d, known in names.items():
         if known is not None and _casefolded(d):
             names[d] = None
