@@ -12,9 +12,11 @@ service in the background; the peers after it find the service warm again (_warm
 spares warmed up and building the last call's sandbox ahead, as an agent's repeated calls
 find it). The service runs from a private $XDG_RUNTIME_DIR, the calls from this
 script's working directory. Each sample starts PAUSE after the last one ended, for every
-peer: after a call the service replaces the child that served it and builds the next
-sandbox ahead (~5 ms of CPU), which an agent's calls, seconds apart, never wait for;
-back to back on this 2-core VM, a warm call waits for it (~10 ms instead of ~6).
+peer: after a call the service replaces the child that served it, which warms up and
+builds the next sandbox ahead (~20-40 ms of CPU on this 2-core VM in a slow hour), which
+an agent's calls, seconds apart, never wait for; back to back, a warm call waits for it
+(~10 ms instead of ~6), and with 50 ms pauses (before 2026-12-06) a slow hour's net-run
+met the other service's replacement at work (15 ms against 8.5 alone).
 Ours run with the CLI's default policy (system directories read-only, the user's files
 protected); upstream's one-shot with its API's (the same paths readable).
 
@@ -84,7 +86,7 @@ def _warm(env, sub="run"):
     raise RuntimeError("cli: the service never answered with a sandbox built ahead")
 
 
-PAUSE = 0.05  # s before each sample: an agent's calls are seconds apart (see the docstring)
+PAUSE = 0.15  # s before each sample: an agent's calls are seconds apart (see the docstring)
 
 
 ANOTHER = [["/bin/echo", "-n"], ["/usr/bin/printf", ""], ["/bin/ls", "/dev/null"]]
