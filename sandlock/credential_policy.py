@@ -72,8 +72,8 @@ def _source(name: str, value) -> str:
 def parse_credentials(fields: dict, intercept, writable, beneath) -> CredentialSpec | None:
     """The fields' credentials, or None. `writable`: paths the sandbox may write (a bound
     program must not lie beneath one); `beneath(a, b)`: is a at or beneath b."""
-    creds, env, rules = (fields.get("credentials"), fields.get("credential_env"),
-                         fields.get("http_auth"))
+    from .policy import CREDENTIAL_FIELDS
+    creds, env, rules = (fields.get(k) for k in CREDENTIAL_FIELDS)
     if not (creds or env or rules):
         return None
     from netpolicy.credentials import CredentialError, _credential_name, parse_auth_rule

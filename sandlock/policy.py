@@ -490,9 +490,9 @@ def parse_limits(fields: dict):
 
 
 # The fields workspace_policy.parse_workspace and credential_policy.parse_credentials read
-# (each says so when it gets none of them: no workspace, no credentials).
-_WORKSPACE_FIELDS = ("workdir", "fs_storage", "max_disk", "workspace_backend")
-_CREDENTIAL_FIELDS = ("credentials", "credential_env", "http_auth")
+# (from here: each has nothing to parse without them, and is imported only with them).
+WORKSPACE_FIELDS = ("workdir", "fs_storage", "max_disk", "workspace_backend")
+CREDENTIAL_FIELDS = ("credentials", "credential_env", "http_auth")
 
 
 def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
@@ -502,7 +502,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
     writable = _paths("fs_writable", fields.get("fs_writable"), must_exist=True)
     denied = _paths("fs_denied", fields.get("fs_denied"), must_exist=False)
     workspace, write_excluded = None, ()
-    if any(fields.get(k) is not None for k in _WORKSPACE_FIELDS):  # imported only then
+    if any(fields.get(k) is not None for k in WORKSPACE_FIELDS):  # imported only then
         from .workspace_policy import parse_workspace
         workspace, readable, writable, denied, write_excluded = parse_workspace(
             fields, readable, writable, denied)
@@ -513,7 +513,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
                           "http_allow for the hosts the credentials are for)")
     intercept = parse_intercept(fields, http)
     credentials = None
-    if any(fields.get(k) for k in _CREDENTIAL_FIELDS):  # imported only then
+    if any(fields.get(k) for k in CREDENTIAL_FIELDS):  # imported only then
         from .credential_policy import denied_files, parse_credentials
         wd = (workspace.workdir,) if workspace is not None else ()
         credentials = parse_credentials(fields, intercept, writable + wd, is_beneath)

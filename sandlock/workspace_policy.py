@@ -113,11 +113,11 @@ def parse_workspace(fields: dict, readable, writable, denied):
     write_excluded). `write_excluded` are paths a writable grant must not cover (fs_rules
     expands the grant around them)."""
     from .cow import default_storage
-    from .policy import parse_size
+    from .policy import WORKSPACE_FIELDS, parse_size
     workdir = fields.get("workdir")
     backend = fields.get("workspace_backend") or "auto"
     if workdir is None:
-        for key in ("fs_storage", "max_disk", "workspace_backend"):
+        for key in WORKSPACE_FIELDS[1:]:
             if fields.get(key) is not None:
                 raise PolicyError(f"{key}: set without a workdir")
         return None, readable, writable, denied, ()
