@@ -586,3 +586,84 @@ def test_removing_a_private_tmpdir_never_touches_its_parent(tmp_path):
     assert not root.exists()
     _remove(str(root))  # again, once gone
     assert parent.stat().st_mode & 0o7777 == 0o1777
+
+
+SWAPPER = r"""
+import ctypes, os, sys
+renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+root, victim = sys.argv[1:]
+d, link = (root + "/d").encode(), (root + "/l").encode()
+while True:  # d: a directory, then a symlink to the victim, then a directory again...
+    if renameat2(-100, d, -100, link, 2) != 0:  # RENAME_EXCHANGE
+        try:
+            os.symlink(victim, link)
+        except OSError:
+            pass
+"""
+
+
+def test_removing_a_private_tmpdir_follows_no_symlink_swapped_in_meanwhile(tmp_path):
+    """(review, regression) What a run leaves in its TMPDIR is removed after it; a process
+    that may still write there (one the run left, another sandbox granted the host's /tmp)
+    swaps a directory in it for a symlink to a directory of the user's, back and forth.
+    The removal walked by name, checking each name before its chmod: raced, it made the
+    user's directory mode 0700 (8 times in 300 here). Each removal here must remove the
+    root and leave the user's directory and what is in it as they were."""
+    from sandlock.private_tmp import _remove
+    victim = tmp_path / "users-dir"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "sub" / "kept").write_text("x")
+    for d in (victim, victim / "sub"):
+        d.chmod(0o755)
+    root, stage = tmp_path / "sandlock-tmp-x", tmp_path / "stage"
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(root), str(victim)])
+    try:
+        removed = 0
+        for i in range(300):
+            (stage / "d" / "locked").mkdir(parents=True)
+            (stage / "d" / "f").write_text("x")
+            (stage / "d" / "locked").chmod(0)
+            stage.rename(root)
+            _remove(str(root))
+            assert [oct(p.stat().st_mode & 0o777) for p in (victim, victim / "sub")] == \
+                ["0o755", "0o755"], f"attempt {i}"
+            if root.exists():  # the swapper made its link again after the removal
+                root.rename(tmp_path / f"left-{i}")
+            else:
+                removed += 1
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert (victim / "sub" / "kept").read_text() == "x"
+    assert removed > 150  # the control: the removals ran, and removed
+
+
+def test_removing_a_private_tmpdir_holds_one_fd_at_any_depth(tmp_path):
+    """A run may nest directories thousands deep in its TMPDIR. Removing them holds one
+    directory fd at a time (an fd per level would take the service's fds from every
+    sandbox it serves; the recursive removal also ended in a RecursionError here), and
+    removes locked levels too: run with 40 fds at most."""
+    code = r"""
+import os, resource, sys
+from sandlock.private_tmp import _remove
+root = sys.argv[1]
+os.mkdir(root)
+fd = os.open(root, os.O_RDONLY)
+for i in range(3000):  # by fd: the path grows past PATH_MAX
+    os.mkdir("d", dir_fd=fd)
+    nfd = os.open("d", os.O_RDONLY, dir_fd=fd)
+    with open(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=nfd), "w") as f:
+        f.write("x")
+    if i % 500 == 7:
+        os.chmod(f"/proc/self/fd/{nfd}", 0)  # locked by the run
+    os.close(fd)
+    fd = nfd
+os.close(fd)
+resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+_remove(root)
+print(os.path.exists(root))
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "root")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "False\n", r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
