@@ -15,21 +15,16 @@ import os
 import tempfile
 import weakref
 
-from ._kernel.fileops import fchmod_fd, open_no_symlinks
+from ._kernel.fileops import open_no_symlinks
 from .errors import SandlockError
+from .tree_removal import remove_beneath
 
 
 def _remove(path: str) -> None:
-    """Remove `path` and what the sandbox left in it, making the directories it locked
-    (mode 0) ours to empty first: only `path` and what lies beneath it, never `path`'s
-    parent (the host's /tmp).
-
-    Invariant: every chmod, unlink and rmdir acts through an fd on what was reached from
-    `path` without following a symlink, never by a name checked earlier. What the run left
-    running, or another sandbox of this user that may write here, can swap a directory for
-    a symlink at any moment; a walk by name could be raced into chmod 0700 of a directory
-    of its choosing. `path` was canonical when made (PrivateTmp.root is a realpath), so a
-    symlink anywhere on it now is such a swap, and nothing is removed."""
+    """Remove `path` and what the sandbox left in it (tree_removal: by fd, never following
+    a symlink swapped in meanwhile): only `path` and what lies beneath it, never `path`'s
+    parent (the host's /tmp). `path` was canonical when made (PrivateTmp.root is a
+    realpath), so a symlink anywhere on it now is such a swap, and nothing is removed."""
     try:  # what most runs leave: an empty directory (rmdir never follows a last symlink)
         os.rmdir(path)
         return
@@ -37,93 +32,13 @@ def _remove(path: str) -> None:
         pass
     parent, name = os.path.split(path)
     try:
-        pfd = open_no_symlinks(parent, _DIR)
+        pfd = open_no_symlinks(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return
     try:
-        top = _unlocked(pfd, name)
-        if top is not None:
-            _empty(top)
-            os.rmdir(name, dir_fd=pfd)
-    except OSError:
-        pass
+        remove_beneath(pfd, name)
     finally:
         os.close(pfd)
-
-
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _unlocked(dirfd: int, name: str) -> int | None:
-    """An fd to read the directory `name` in `dirfd` (never a symlink's target), made mode
-    0700 first if it is locked; None if it is no directory or cannot be made ours."""
-    try:
-        return os.open(name, _DIR, dir_fd=dirfd)
-    except PermissionError:
-        pass
-    except OSError:
-        return None
-    try:  # locked: chmod the very inode through an O_PATH fd, then open that inode again
-        fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     dir_fd=dirfd)
-    except OSError:
-        return None
-    try:
-        fchmod_fd(fd, 0o700)
-        return os.open(f"/proc/self/fd/{fd}", _DIR & ~os.O_NOFOLLOW)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _empty(top: int) -> None:
-    """Remove everything beneath the directory `top` (closed here), depth first with one
-    directory fd open at a time whatever the depth: a sandbox may nest directories
-    thousands deep, and an fd per level would take this process's fds from every other
-    sandbox it serves. Climbing back is by "..", followed only if it reaches the very
-    directory we came down from (one moved away meanwhile ends the walk there)."""
-    fd = top
-    stack = []  # per level above fd: its (st_dev, st_ino), its names left, the one below
-    try:
-        names = os.listdir(fd)
-        while True:
-            while names:
-                entry = names.pop()
-                try:
-                    os.unlink(entry, dir_fd=fd)
-                    continue
-                except IsADirectoryError:
-                    pass
-                except OSError:
-                    continue
-                below = _unlocked(fd, entry)
-                if below is None:
-                    continue
-                try:
-                    listed = os.listdir(below)
-                except OSError:
-                    os.close(below)
-                    continue
-                st = os.fstat(fd)
-                stack.append(((st.st_dev, st.st_ino), names, entry))
-                os.close(fd)
-                fd, names = below, listed
-            if not stack:
-                return
-            ident, names, entry = stack.pop()
-            up = os.open("..", _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = up
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != ident:
-                return
-            try:
-                os.rmdir(entry, dir_fd=fd)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
 
 
 _LIVE: set = set()  # the roots this process made and has not removed yet

@@ -198,7 +198,8 @@ class OverlayLayer:
         return tree_usage(self.upper)
 
     def discard(self) -> None:
-        """Remove the layer (overlayfs leaves a mode-000 directory in its work dir)."""
+        """Remove the layer (overlayfs leaves a mode-000 directory in its work dir: remove_tree
+        opens it up)."""
         from .layer import DISCARDING
         from .ownfiles import remove_tree
         trash = self.root + DISCARDING
@@ -207,10 +208,4 @@ class OverlayLayer:
         except FileNotFoundError:
             if not os.path.exists(trash):
                 return
-        for dirpath, dirnames, _ in os.walk(os.path.join(trash, "work")):
-            for d in dirnames:
-                try:
-                    os.chmod(os.path.join(dirpath, d), 0o700)
-                except OSError:
-                    pass
         remove_tree(trash)

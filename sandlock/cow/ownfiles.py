@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 
 from .._kernel.fileops import fchmod_fd, open_no_symlinks
@@ -200,16 +199,14 @@ def tree_usage(path: str) -> int:
 
 def remove_tree(path: str) -> None:
     """Remove a tree of ours, whatever modes a sandbox left in it (a directory of mode 000
-    is opened up, then removed with what it holds)."""
-    def onerror(func, p, exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if func in (os.open, os.scandir, os.listdir) and os.path.isdir(p) \
-                    and not os.path.islink(p):
-                os.chmod(p, 0o700)
-                shutil.rmtree(p, onerror=onerror)
-                return
-            func(p)
-        except OSError:
-            pass
-    shutil.rmtree(path, onerror=onerror)
+    is opened up, then removed with what it holds), by fd: tree_removal."""
+    from ..tree_removal import remove_beneath
+    parent, name = os.path.split(path)
+    try:
+        pfd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        remove_beneath(pfd, name)
+    finally:
+        os.close(pfd)
