@@ -88,11 +88,24 @@ def test_blocked_unix_sends_end_with_their_sandbox(tmp_path, tcp_server):
             "print(time.monotonic() - t)")
     assert run_py(probe, code).success  # warm-up, and a positive control
     os.chmod(tmp_path, 0o777)
-    attacker = sandbox(fs_writable=[str(tmp_path)], net_allow_unix=[str(tmp_path)])
-    assert run_py(attacker, "pass").success  # its kernel objects exist before the baseline
+    attackers = [sandbox(fs_writable=[str(tmp_path)], net_allow_unix=[str(tmp_path)])
+                 for _ in range(5)]
+    for attacker in attackers:  # their kernel objects exist before the baseline
+        assert run_py(attacker, "pass").success
     baseline_fds, baseline_threads = open_fds(), _threads()
-    for _ in range(5):  # 5 x 32 blocked sends: more than the old pool of 128 workers
-        r = run_py(attacker, BLOCKED_SENDS, str(tmp_path / f"q{_}.sock"), timeout=60)
+    results = {}
+    runs = [threading.Thread(target=lambda i=i: results.__setitem__(i, run_py(
+        attackers[i], BLOCKED_SENDS, str(tmp_path / f"q{i}.sock"), timeout=60)))
+        for i in range(5)]
+    for t in runs:  # 5 x 32 sends blocked at once: more than the old pool of 128 workers
+        t.start()
+    time.sleep(0.8)  # while they are blocked, another sandbox connects at once
+    r = run_py(probe, code, timeout=30)
+    assert r.success and float(r.stdout) < 1.0, r
+    for t in runs:
+        t.join(90)
+    assert sorted(results) == list(range(5))
+    for _, r in sorted(results.items()):
         lines = r.stdout.decode().splitlines()
         assert any(x.startswith("filled") for x in lines), r
         # the sends that got past the fd budget were blocked (never sent, never failed)

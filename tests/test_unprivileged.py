@@ -7,7 +7,8 @@ the root's signals and /proc reads, the terminal, the demo and the examples as a
 runs them, the workspace through test_workflows' runs on both backends: without root the
 supervisor has no capability past the modes a sandbox sets on its own files), minus a few long trials
 of mechanisms that do not (DESELECTED: the supervisor deciding alone, a commit run outside
-any sandbox, races and packaging runs that exercise nothing privilege changes) and the files whose mechanisms do not (test_cow's general guarantees, COW
+any sandbox, races and packaging runs that exercise nothing privilege changes, the service's
+decisions that no uid changes) and the files whose mechanisms do not (test_cow's general guarantees, COW
 fork, the C connect fast path, the container profile: they run as root). CI's 10 minutes
 hold this subset; SANDLOCK_UNPRIVILEGED_TESTS="tests" reruns everything (as long as the
 root suite again).
@@ -64,9 +65,21 @@ DESELECTED = " and ".join(f"not {name}" for name in (
     "test_max_cpu_holds", "test_a_fork_tree_racing", "test_the_cli_test_files_pass",
     "(test_workflow and npm)", "test_no_open_outlives_its_killed_caller",
     "(test_a_symlink_swapped_in_under_a_waiting_open and landlock)",
-    # the service's watches, whatever the uid (~16 s): run as root only
+    # the service's decisions that no uid changes (~45 s): when a build ahead is stale or
+    # may serve another command, parked starts and spares, clients and supervisors that
+    # die or stall, fallbacks. What the uid changes stays: who may use the socket, the
+    # caller's attributes and limits, the toolchains and TMPDIR of a user's own HOME
     "test_a_sandbox_built_ahead_outlives_changes_beside_what_it_read",
-    "test_a_spare_builds_again_what_changed_while_it_waited"))
+    "test_a_spare_builds_again_what_changed_while_it_waited",
+    "test_a_killed_supervisor_ends_the_sandbox", "test_a_sandbox_cannot_tie_up_the_service",
+    "test_the_spare_a_call_used_is_replaced", "test_a_client_whose_go_never_comes",
+    "test_a_service_killed_outright", "test_a_prepared_sandbox_is_used_only_while",
+    "test_a_prepared_sandbox_follows_the_command_s_toolchain",
+    "test_another_command_takes_a_sandbox_built_ahead",
+    "test_a_sandbox_built_ahead_sees_what_a_path_through_dotdot",
+    "test_pipe_stages_skip_a_parked_start", "test_a_caller_that_ignores_sigchld",
+    "test_a_padded_git_config", "test_one_directory_reached_by_another_path",
+    "test_a_fifo_where_the_build_reads"))
 
 pytestmark = pytest.mark.skipif(not IS_ROOT or os.environ.get("SANDLOCK_NESTED_UNPRIVILEGED"),
                                 reason="runs the suite as uid 65534; needs to start as root")

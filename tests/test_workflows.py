@@ -46,8 +46,10 @@ def _write(root: str, files: dict) -> None:
 
 
 def _wheel(root: str) -> None:
-    files = {"demo/__init__.py": b"X = 42\n",
+    files = {"demo/__init__.py": b"import sys\nX = 42\ndef main():\n"
+                                 b"    print(sys.prefix != sys.base_prefix)\n",
              "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+             "demo-1.0.dist-info/entry_points.txt": b"[console_scripts]\ndemo-tool = demo:main\n",
              "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
                                           b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
     record = ""
@@ -267,10 +269,14 @@ WORKFLOWS = {
                           "a.st_dev == b.st_dev)\" && cat g h i v && stat -c %Y v", ()),
     # A venv's console scripts name the venv's python, itself in the layer: the script and
     # its interpreter are both the layer's (and a script whose interpreter is a script).
-    "venv-console-script": ({}, "python3 -m venv v && v/bin/pip --version | cut -d' ' -f1 && "
-                                "printf '#!%s/v/bin/python\\nimport sys\\nprint(sys.prefix "
-                                "!= sys.base_prefix)\\n' \"$PWD\" > s && printf '#!%s/s\\n' "
-                                "\"$PWD\" > t && chmod +x s t && ./s && ./t", ("v",)),
+    # pip writes the console script (run by the system's pip: ensurepip took ~10 s a run)
+    "venv-console-script": (_wheel, "python3 -m venv --without-pip v && python3 -m pip "
+                                    "--python v/bin/python install -q --no-index --no-cache-dir "
+                                    "./demo-1.0-py3-none-any.whl && v/bin/demo-tool && "
+                                    "printf '#!%s/v/bin/python\\nimport sys\\nprint("
+                                    "sys.prefix != sys.base_prefix)\\n' \"$PWD\" > s && "
+                                    "printf '#!%s/s\\n' \"$PWD\" > t && chmod +x s t && ./s "
+                                    "&& ./t", ("v",)),
     # chmod/utimes on a directory of the workdir, by path and through an fd, show (and are
     # committed) before anything in it changes.
     "chmod-touch-a-directory": ({"d/x": b"1", "e/y": b"2"},
@@ -288,8 +294,8 @@ WORKFLOWS = {
         ".close(); print(sorted(os.listdir(fd)))\"", ()),
     # The same from a working directory the sandbox entered in the layer (the kernel then
     # reaches the script itself, but would look for its interpreter in the workdir). A
-    # script written as pip writes one (the venv above runs pip's own; without pip here:
-    # ensurepip takes ~2 s a run, and this runs 3 times per backend).
+    # script written as pip writes one (the venv above runs one pip wrote, without ensurepip
+    # here either: it takes ~3 s a run, and this runs 3 times per backend).
     "venv-console-script-after-cd": ({}, "mkdir d && cd d && cd .. && python3 -m venv "
                                          "--without-pip v && printf '#!%s/v/bin/python\\n"
                                          "import sys\\nprint(sys.prefix != sys.base_prefix)"
