@@ -180,7 +180,7 @@ class WebRecorder:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.socket.setblocking(False)  # never stuck in accept() at shutdown
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def paths(self) -> list[str]:
         return [p for _, p in self.hits]

@@ -157,7 +157,7 @@ class Recorder:
         if tls_context is not None:
             self.server.socket = tls_context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self):
         self.server.shutdown()

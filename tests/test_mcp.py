@@ -52,7 +52,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def web():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     srv.hits, srv.auth = [], {}
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
     yield srv
     srv.shutdown()
     srv.server_close()

@@ -126,7 +126,7 @@ class _Server:
         http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.2", 0), handler)
         self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self):
         self.httpd.shutdown()
