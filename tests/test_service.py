@@ -554,46 +554,67 @@ def test_service_stop_takes_effect_at_once(env):
     assert not os.path.exists(_sock(env))
 
 
-LATE_GO = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <sys/socket.h>
-#include <unistd.h>
-/* The client's "go" (one byte, "G") is held back past the service's wait, then lost. */
-ssize_t send(int fd, const void *buf, size_t len, int flags) {
-    static ssize_t (*real)(int, const void *, size_t, int);
-    if (real == NULL)
-        real = (ssize_t (*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
-    if (len == 1 && ((const char *)buf)[0] == 'G') {
-        sleep(3);
-        errno = EPIPE;
-        return -1;
-    }
-    return real(fd, buf, len, flags);
-}
-"""
+# The client's "go" (its only send(2), a sendto) held back 3 s, past the service's wait
+# for it (REPLY_WAIT), then lost (EPIPE); the client is static: LD_PRELOAD never reaches it.
+LATE_GO = ["strace", "-qq", "-o", "/dev/null", "-e", "trace=sendto",
+           "-e", "inject=sendto:delay_enter=3000000:error=EPIPE"]
 
 
 def test_a_client_whose_go_never_comes_has_its_command_run_once_by_itself(env, tmp_path):
     """The service runs nothing before the client's "go": a client that gave up (here its
-    "go" is lost) runs the command in-process, and the service never does (once, not
-    twice). The control: the same client without the shim is served."""
-    src, shim = tmp_path / "late_go.c", tmp_path / "late_go.so"
-    src.write_text(LATE_GO)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), str(src), "-ldl"], check=True)
+    "go" is held back 3 s, then lost) runs the command in-process, and the service never
+    does (once, not twice). The control: the same client, its go sent, is served."""
     _wait_served(env)
     marks = tmp_path / "marks"
     marks.mkdir()
-    cmd = ("run", "-w", str(marks), "--", "sh", "-c", f"echo $$ >> {marks}/ran")
-    r = client(dict(env, LD_PRELOAD=str(shim)), *cmd, debug=True)
+    cmd = [CLIENT, "run", "-w", str(marks), "--", "sh", "-c", f"echo $$ >> {marks}/ran"]
+    start = time.monotonic()
+    r = subprocess.run(LATE_GO + cmd, env=dict(env, SANDLOCK_SERVICE_DEBUG="1"), text=True,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "service: accepted" in r.stderr, r.stderr  # it got that far, then fell back
-    time.sleep(2.5)  # past the service's wait for the "go" (REPLY_WAIT)
+    assert time.monotonic() - start > 2.9  # the go held back, past the service's wait
+    assert "prepared sandbox" not in r.stderr, r.stderr  # what a served call says
+    time.sleep(0.5)
     assert len((marks / "ran").read_text().split()) == 1, "the command ran twice"
-    r = client(env, *cmd, debug=True)  # the control
-    assert r.returncode == 0 and "service: accepted" in r.stderr, r.stderr
+    r = subprocess.run(cmd, env=dict(env, SANDLOCK_SERVICE_DEBUG="1"), text=True,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert r.returncode == 0 and "prepared sandbox" in r.stderr, r.stderr  # the control
     assert len((marks / "ran").read_text().split()) == 2
+
+
+def test_a_net_run_whose_go_never_comes_leaves_no_private_tmp(env, tmp_path):
+    """A net-run call that uses a sandbox built ahead makes its private TMPDIR's root while
+    the client's "go" is on its way (prepared.check_early). A go that never comes removes
+    it: the serving child ends with os._exit, which runs no finalizer. The control: the
+    root is there while the service waits for the go (the client is held back 3 s)."""
+    caller, work = tmp_path / "caller", tmp_path / "work"
+    caller.mkdir()
+    work.mkdir()
+    env = dict(env, TMPDIR=str(caller), XDG_STATE_HOME=str(tmp_path),
+               SANDLOCK_SERVICE_DEBUG="1")
+    _wait_served(env)
+    cmd = [CLIENT, "net-run", "--", "sh", "-c", f"echo $$ >> {work}/ran"]
+
+    def call(late=()):
+        return subprocess.Popen([*late, *cmd], env=env, cwd=work, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while "prepared sandbox used" not in call().communicate(timeout=60)[1]:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    time.sleep(0.5)  # the next spare has built it ahead again
+    ran = len((work / "ran").read_text().split())
+    p, seen, start = call(LATE_GO), set(), time.monotonic()
+    while time.monotonic() - start < 1.5:  # the service waits 2 s (REPLY_WAIT) for the go
+        seen.update(caller.iterdir())
+        time.sleep(0.02)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and "service: accepted" in err, err  # then ran in-process
+    assert "prepared sandbox" not in err, err
+    assert [x.name.startswith("sandlock-tmp-") for x in seen] == [True], (seen, err)
+    assert list(caller.iterdir()) == []
+    assert len((work / "ran").read_text().split()) == ran + 1  # once, not twice
 
 
 def _served(env, *args):

@@ -78,6 +78,7 @@ DESELECTED = " and ".join(f"not {name}" for name in (
     "test_a_spare_builds_again_what_changed_while_it_waited",
     "test_a_killed_supervisor_ends_the_sandbox", "test_a_sandbox_cannot_tie_up_the_service",
     "test_the_spare_a_call_used_is_replaced", "test_a_client_whose_go_never_comes",
+    "test_a_net_run_whose_go_never_comes",
     "test_a_service_killed_outright", "test_a_prepared_sandbox_is_used_only_while",
     "test_a_prepared_sandbox_follows_the_command_s_toolchain",
     "test_another_command_takes_a_sandbox_built_ahead",

@@ -228,6 +228,7 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
     prepared.check_early()  # only reads: meanwhile the "go" comes
     went.wait(REPLY_WAIT + 1.0)  # bounded by the socket's timeout; this one is a backstop
     if go != [b"G"]:
+        private_tmp.remove_all()  # one check_early made for the run
         try:  # the client, if still there, falls back: nothing ran
             conn.send(b"F" + b"no go")
         except OSError:
@@ -251,6 +252,7 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
         status = 1
     done.set()  # a signal relayed from now on finds the command over: not raised here
     import atexit
+    private_tmp.removal_after_exit()  # below
     atexit._run_exitfuncs()  # as the in-process CLI's exit runs them, before the status
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -270,4 +272,5 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
         conn.send(b"X" + struct.pack("<i", status))
     except OSError:
         pass
+    private_tmp.remove_all()  # the run's TMPDIR: the program and all it started have ended
     prepared.after_call()

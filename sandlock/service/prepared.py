@@ -60,7 +60,7 @@ MAX_REPORT = 1 << 17  # a call's inputs larger than this are not prepared
 PREPARE_LIMIT = 2.0   # seconds a build ahead may take (one that blocks is abandoned)
 # Fields whose build has effects (directories made, files opened to write, sockets): not
 # prepared (the audit hook would refuse them anyway; this spares a wasted spare).
-# Not among them: a private /tmp, whose root the first run makes (Sandbox._private_tmp_now),
+# Not among them: a private /tmp, whose root the call makes (_Prepared.private_tmp_now),
 # and an audit log, opened when the program starts.
 _EFFECTS = ("workdir", "http_allow", "http_deny", "http_auth", "http_ca", "http_key",
             "http_inject_ca", "http_ca_out", "credentials", "credential_env", "explain",
@@ -152,6 +152,19 @@ class _Prepared:
             return reads.changed(self.redo)
         except Exception as e:  # a check that cannot be made: a change
             return f"check failed ({e})"
+
+    def private_tmp_now(self) -> None:
+        """Its private TMPDIR's root (net-run's), made and granted now rather than as the
+        run starts (Sandbox._private_tmp_now): by the call, in the TMPDIR of the caller
+        whose state this process has taken, while the client's "go" is on its way (~0.4
+        ms of a warm net-run). Never by the build ahead: a root would wait there for
+        minutes where others can write. A go that never comes removes it (call._run); a
+        failure is the run's to meet again, and to report."""
+        try:
+            sb = self.built[0]
+            sb._private_tmp_now(sb._confinement())
+        except Exception:
+            pass
 
     def close(self) -> None:
         os.close(self.watch)
@@ -355,11 +368,14 @@ def check_early() -> None:
     """In a serving child that has taken on its caller's state (environment, working
     directory, attributes), while the client's "go" is on its way: whether the sandbox
     built ahead still stands, its arguments aside, which use() compares (~0.4 ms of a
-    warm call, no longer waited for after the go). It only reads, as the build did; a
-    change after it is one made after the call, as a change after use() always was."""
+    warm call, no longer waited for after the go). It reads, as the build did (a change
+    after it is one made after the call, as a change after use() always was); if the
+    sandbox stands, it then makes the call's private TMPDIR (_Prepared.private_tmp_now)."""
     global _early
     if _ready is not None:
         _early = (_ready, _ready.changed())
+        if _early[1] is None:
+            _ready.private_tmp_now()
 
 
 def use(a, net_run: bool, cmd):
