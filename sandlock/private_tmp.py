@@ -17,26 +17,26 @@ import weakref
 
 from ._kernel.fileops import open_no_symlinks
 from .errors import SandlockError
-from .tree_removal import remove_beneath
+from .tree_removal import DEADLINE, remove_beneath
 
 
-def _remove(path: str) -> None:
+def _remove(path: str, within: float = DEADLINE) -> None:
     """Remove `path` and what the sandbox left in it (tree_removal: by fd, never following
     a symlink swapped in meanwhile): only `path` and what lies beneath it, never `path`'s
     parent (the host's /tmp). `path` was canonical when made (PrivateTmp.root is a
     realpath), so a symlink anywhere on it now is such a swap, and nothing is removed."""
-    try:  # what most runs leave: an empty directory (rmdir never follows a last symlink)
-        os.rmdir(path)
-        return
-    except OSError:
-        pass
     parent, name = os.path.split(path)
     try:
         pfd = open_no_symlinks(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return
     try:
-        remove_beneath(pfd, name)
+        try:  # what most runs leave: an empty directory
+            os.rmdir(name, dir_fd=pfd)
+            return
+        except OSError:
+            pass
+        remove_beneath(pfd, name, within)
     finally:
         os.close(pfd)
 
@@ -44,13 +44,13 @@ def _remove(path: str) -> None:
 _LIVE: dict = {}  # the roots this process made and has not removed yet: their finalizers
 
 
-def remove_all() -> None:
+def remove_all(within: float = DEADLINE) -> None:
     """Remove every root this process made: before it ends in a way that runs no
     finalizer (a CLI-service child killing itself as its client went away), or once a
     CLI-service child's client has its exit status (removal_after_exit)."""
     for root, finalizer in list(_LIVE.items()):
         finalizer.detach()  # not finalizer(): after the exit functions, a no-op
-        _removed(root)
+        _removed(root, within)
 
 
 def removal_after_exit() -> None:
@@ -62,9 +62,9 @@ def removal_after_exit() -> None:
         finalizer.atexit = False
 
 
-def _removed(root: str) -> None:
+def _removed(root: str, within: float = DEADLINE) -> None:
     _LIVE.pop(root, None)
-    _remove(root)
+    _remove(root, within)
 
 
 def _candidates() -> list[str]:

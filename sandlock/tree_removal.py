@@ -10,14 +10,24 @@ are made ours (0700) through an O_PATH fd to the very inode, then opened again t
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 
 from ._kernel.fileops import fchmod_fd
 
 
-def remove_beneath(dirfd: int, name: str) -> None:
+# A walk's bound: a program still writing there could nest new directories as fast as
+# they are removed, and keep the walk (and whatever waits for it) going for good.
+DEADLINE = 10.0  # seconds
+
+
+def remove_beneath(dirfd: int, name: str, within: float = DEADLINE) -> None:
     """Remove `name` in the directory `dirfd` and everything beneath it, whatever modes
-    were left in it; best effort (what cannot be removed stays)."""
+    were left in it; best effort (what cannot be removed within `within` seconds stays),
+    never raising OSError. A walk cut short by a directory moved away meanwhile starts
+    again from the top (twice at most: what stays after three walks stays)."""
+    deadline = time.monotonic() + within
     try:
         os.unlink(name, dir_fd=dirfd)
         return
@@ -25,13 +35,20 @@ def remove_beneath(dirfd: int, name: str) -> None:
         pass
     except OSError:
         return
-    top = _unlocked(dirfd, name)
-    if top is not None:
-        _empty(top)
+    for _ in range(3):
+        top = _unlocked(dirfd, name)
+        if top is None:
+            return
         try:
-            os.rmdir(name, dir_fd=dirfd)
+            _empty(top, deadline)
         except OSError:
             pass
+        try:
+            os.rmdir(name, dir_fd=dirfd)
+            return
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY or time.monotonic() > deadline:
+                return
 
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -47,9 +64,10 @@ def _unlocked(dirfd: int, name: str) -> int | None:
         fd = _opened_up(dirfd, name)
     except OSError:
         return None
-    if fd is not None and os.fstat(fd).st_mode & 0o700 != 0o700:
+    if fd is not None:
         try:
-            os.fchmod(fd, 0o700)
+            if os.fstat(fd).st_mode & 0o700 != 0o700:
+                os.fchmod(fd, 0o700)
         except OSError:
             pass
     return fd
@@ -72,18 +90,21 @@ def _opened_up(dirfd: int, name: str) -> int | None:
         os.close(fd)
 
 
-def _empty(top: int) -> None:
+def _empty(top: int, deadline: float) -> None:
     """Remove everything beneath the directory `top` (closed here), depth first with one
     directory fd open at a time whatever the depth: a sandbox may nest directories
     thousands deep, and an fd per level would take this process's fds from every other
     sandbox it serves. Climbing back is by "..", followed only if it reaches the very
-    directory we came down from (one moved away meanwhile ends the walk there)."""
+    directory we came down from (one moved away meanwhile ends the walk there: the
+    caller starts again from the top). Raises OSError where the walk cannot go on."""
     fd = top
     stack = []  # per level above fd: its (st_dev, st_ino), its names left, the one below
     try:
         names = os.listdir(fd)
         while True:
             while names:
+                if time.monotonic() > deadline:
+                    return
                 entry = names.pop()
                 try:
                     os.unlink(entry, dir_fd=fd)
@@ -97,17 +118,17 @@ def _empty(top: int) -> None:
                     continue
                 try:
                     listed = os.listdir(below)
+                    st = os.fstat(fd)
                 except OSError:
                     os.close(below)
                     continue
-                st = os.fstat(fd)
                 stack.append(((st.st_dev, st.st_ino), names, entry))
                 os.close(fd)
                 fd, names = below, listed
             if not stack:
                 return
             ident, names, entry = stack.pop()
-            up = os.open("..", _DIR, dir_fd=fd)
+            up = _parent(fd)
             os.close(fd)
             fd = up
             st = os.fstat(fd)
@@ -119,3 +140,13 @@ def _empty(top: int) -> None:
                 pass
     finally:
         os.close(fd)
+
+
+def _parent(fd: int) -> int:
+    """The directory above `fd`'s, opened to read. One locked again meanwhile (mode 0: no
+    lookup of ".." in it) is made ours once more; raises OSError if that is not enough."""
+    try:
+        return os.open("..", _DIR, dir_fd=fd)
+    except PermissionError:
+        os.fchmod(fd, 0o700)
+        return os.open("..", _DIR, dir_fd=fd)

@@ -642,6 +642,42 @@ def test_removing_a_private_tmpdir_follows_no_symlink_swapped_in_meanwhile(tmp_p
     assert not root.exists()
 
 
+LOCKER = r"""
+import os, sys
+while True:  # the directory being emptied, locked again and again
+    try:
+        os.chmod(sys.argv[1], 0)
+    except OSError:
+        pass
+"""
+
+
+def test_removing_a_private_tmpdir_relocked_meanwhile_never_raises(tmp_path):
+    """(review, regression) A process still running there locks (mode 0) the directory
+    the removal is emptying, over and over. Without root, the walk's way back up (a
+    lookup of ".." in it) then failed with EACCES, which escaped the removal: in the
+    CLI service, the serving child's relay thread died with it before the SIGKILL that
+    ends a sandbox whose client went away. The removal is best effort and never raises;
+    once the locker is gone, it removes all (the control). As root, no lookup fails: the
+    unprivileged rerun is where this fails before the fix (7 times in 20 in review)."""
+    from sandlock.private_tmp import _remove
+    root = tmp_path / "sandlock-tmp-y"
+    for i in range(5):
+        (root / "d" / "e").mkdir(parents=True)
+        for n in range(1000):
+            (root / "d" / f"f{n}").touch()
+        locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(root / "d")])
+        try:
+            _remove(str(root))  # raises nothing, whatever it could remove
+        finally:
+            locker.kill()
+            locker.wait()
+        if root.exists():
+            (root / "d").chmod(0o700)
+        _remove(str(root))
+        assert not root.exists(), f"attempt {i}"
+
+
 def test_removing_a_private_tmpdir_holds_one_fd_at_any_depth(tmp_path):
     """A run may nest directories thousands deep in its TMPDIR. Removing them holds one
     directory fd at a time (an fd per level would take the service's fds from every

@@ -169,7 +169,10 @@ def serve_one(conn: socket.socket, started: float, client: bytes | None,
     except Exception as e:  # an environment the process cannot take (a name with "="...)
         _refuse_late(conn, f"cannot take the caller's state ({e})")
         return True
-    _run(conn, req["argv"])
+    try:
+        _run(conn, req["argv"])
+    finally:  # what escaped _run (a relayed SIGINT before the CLI's handler...) too
+        private_tmp.remove_all()
     return True
 
 
@@ -217,8 +220,10 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
             if done.is_set():
                 return
             if not m:
-                private_tmp.remove_all()  # the one thing SIGKILL would leave (review)
-                os.kill(os.getpid(), signal.SIGKILL)
+                try:  # the one thing SIGKILL would leave (review), within a second
+                    private_tmp.remove_all(within=1.0)
+                finally:
+                    os.kill(os.getpid(), signal.SIGKILL)
             if m[:1] == b"S" and len(m) >= 2:
                 os.kill(os.getpid(), m[1])
     # Started before the "go" is read: its start overlaps the client's answer. A bare
