@@ -678,6 +678,22 @@ def test_removing_a_private_tmpdir_relocked_meanwhile_never_raises(tmp_path):
         assert not root.exists(), f"attempt {i}"
 
 
+def test_removing_a_private_tmpdir_keeps_to_its_deadline(tmp_path):
+    """A process still writing there could nest directories as fast as they are removed:
+    each removal has a deadline (tree_removal.DEADLINE; a second in the CLI service's
+    relay, whose SIGKILL waits for it). Past it, the rest stays; the control: without
+    one, all goes."""
+    from sandlock.private_tmp import _remove
+    root = tmp_path / "sandlock-tmp-z"
+    for n in range(300):
+        (root / f"d{n}").mkdir(parents=True)
+        (root / f"d{n}" / "f").touch()
+    _remove(str(root), within=0.0)
+    assert len(list(root.iterdir())) == 300  # nothing walked past the deadline
+    _remove(str(root))
+    assert not root.exists()
+
+
 def test_removing_a_private_tmpdir_holds_one_fd_at_any_depth(tmp_path):
     """A run may nest directories thousands deep in its TMPDIR. Removing them holds one
     directory fd at a time (an fd per level would take the service's fds from every
