@@ -8,13 +8,16 @@ modes ("mounts": a mount namespace of the sandbox's own; "landlock": where none 
 made, as in a container).
 """
 
+import atexit
 import gc
 import hashlib
 import http.server
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -27,13 +30,24 @@ NODE = shutil.which("node", path="/usr/bin:/bin")
 MODES = ["mounts", "landlock"]
 
 
+_COPIES: dict[str, str] = {}  # system executable -> this session's copy of it
+
+
 def _place(src: str, dst) -> None:
-    """A real executable in the tree (a hard link when the filesystem allows it)."""
+    """A real executable in the tree: a hard link (where the filesystem allows one) to
+    this session's copy of `src`, never to the system's file itself. Linking that changed
+    its link count and ctime (127 links to /usr/bin/python3.11 here), and a chmod through
+    a link changed its mode."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    if src not in _COPIES:
+        where = tempfile.mkdtemp(prefix="sandlock-test-bin-")
+        os.chmod(where, 0o755)
+        atexit.register(shutil.rmtree, where, True)
+        _COPIES[src] = shutil.copy2(src, os.path.join(where, os.path.basename(src)))
     try:
-        os.link(src, dst)
+        os.link(_COPIES[src], dst)
     except OSError:
-        shutil.copy2(src, dst)
+        shutil.copy2(_COPIES[src], dst)
 
 
 def _script(path, text: str) -> None:
@@ -90,9 +104,14 @@ def _make_home(base, toolchains):
     for dirpath, dirnames, filenames in os.walk(h):
         for name in dirnames + filenames:
             p = os.path.join(dirpath, name)
-            if not os.path.islink(p) and os.stat(p).st_uid == os.geteuid():
-                os.chmod(p, os.stat(p).st_mode | 0o777 if os.path.isdir(p)
-                         else os.stat(p).st_mode | 0o666)
+            st = os.stat(p, follow_symlinks=False)
+            # Not a hard link _place made: its inode is the system's interpreter (as root,
+            # this made /usr/bin/python3.11 mode 0777, and its new ctime a change to every
+            # sandbox built ahead that read it).
+            if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or (
+                    not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
+                continue
+            os.chmod(p, st.st_mode | (0o777 if stat.S_ISDIR(st.st_mode) else 0o666))
     os.chmod(h, 0o777)
     os.chmod(base, 0o777)
     return h
