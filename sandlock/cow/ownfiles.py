@@ -202,7 +202,8 @@ def remove_tree(path: str) -> None:
     is opened up, then removed with what it holds), by fd: tree_removal."""
     from ..tree_removal import remove_beneath
     parent, name = os.path.split(path)
-    try:
+    try:  # the layers' storage: its path may pass through the user's own symlinks (a
+        # ~/.cache on another disk), unlike a private TMPDIR's realpath
         pfd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return

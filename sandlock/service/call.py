@@ -230,7 +230,7 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
     # thread: threading.Thread.start() waits for it to run (~0.3 ms here); this process
     # exits with os._exit, and joins no thread.
     _thread.start_new_thread(relay, ())
-    prepared.check_early()  # only reads: meanwhile the "go" comes
+    prepared.check_early()  # meanwhile the "go" comes
     went.wait(REPLY_WAIT + 1.0)  # bounded by the socket's timeout; this one is a backstop
     if go != [b"G"]:
         private_tmp.remove_all()  # one check_early made for the run
