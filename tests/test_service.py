@@ -603,18 +603,21 @@ def test_a_net_run_whose_go_never_comes_leaves_no_private_tmp(env, tmp_path):
     while "prepared sandbox used" not in call().communicate(timeout=60)[1]:
         assert time.monotonic() < deadline
         time.sleep(0.3)
-    time.sleep(0.5)  # the next spare has built it ahead again
-    ran = len((work / "ran").read_text().split())
-    p, seen, start = call(LATE_GO), set(), time.monotonic()
-    while time.monotonic() - start < 1.5:  # the service waits 2 s (REPLY_WAIT) for the go
-        seen.update(caller.iterdir())
-        time.sleep(0.02)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 0 and "service: accepted" in err, err  # then ran in-process
-    assert "prepared sandbox" not in err, err
+    for attempt in range(3):  # until a spare had built it ahead again (slow machines)
+        time.sleep(0.5 + attempt)
+        ran = len((work / "ran").read_text().split())
+        p, seen, start = call(LATE_GO), set(), time.monotonic()
+        while time.monotonic() - start < 1.5:  # the service waits 2 s for the go
+            seen.update(caller.iterdir())
+            time.sleep(0.02)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and "service: accepted" in err, err  # then in-process
+        assert "prepared sandbox" not in err, err
+        assert list(caller.iterdir()) == []
+        assert len((work / "ran").read_text().split()) == ran + 1  # once, not twice
+        if seen:
+            break
     assert [x.name.startswith("sandlock-tmp-") for x in seen] == [True], (seen, err)
-    assert list(caller.iterdir()) == []
-    assert len((work / "ran").read_text().split()) == ran + 1  # once, not twice
 
 
 def _served(env, *args):
