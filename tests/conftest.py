@@ -49,6 +49,28 @@ def open_fds() -> dict[str, str]:
     return out
 
 
+# The system's programs the tests run, hard-link or place in fake homes: the suite leaves
+# them as they were (a test once chmod'ed /usr/bin/python3.11 to 0777 through a hard link).
+_SYSTEM_PROGRAMS = [os.path.realpath(p) for p in
+                    ("/usr/bin/python3", "/usr/bin/node", "/bin/sh", "/usr/bin/env",
+                     "/bin/true", "/bin/echo") if os.path.exists(p)]
+
+
+def _program_states() -> dict:
+    out = {}
+    for path in _SYSTEM_PROGRAMS:
+        st = os.stat(path)
+        out[path] = (oct(st.st_mode), st.st_uid, st.st_gid, st.st_nlink)
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _system_programs_left_as_they_were():
+    before = _program_states()
+    yield
+    assert _program_states() == before, "the suite changed the system's programs"
+
+
 @pytest.fixture(autouse=True)
 def _close_dns_servers():
     """Test DNS servers end with their test (their sockets and threads)."""
