@@ -171,8 +171,8 @@ def serve_one(conn: socket.socket, started: float, client: bytes | None,
         return True
     try:
         _run(conn, req["argv"])
-    finally:  # what escaped _run (a relayed SIGINT before the CLI's handler...) too
-        private_tmp.remove_all()
+    finally:  # its private TMPDIR (a no-go's, a run's once its status is sent, or
+        private_tmp.remove_all()  # what escaped _run: a relayed SIGINT before the CLI's...)
     return True
 
 
@@ -233,7 +233,6 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
     prepared.check_early()  # meanwhile the "go" comes
     went.wait(REPLY_WAIT + 1.0)  # bounded by the socket's timeout; this one is a backstop
     if go != [b"G"]:
-        private_tmp.remove_all()  # one check_early made for the run
         try:  # the client, if still there, falls back: nothing ran
             conn.send(b"F" + b"no go")
         except OSError:
@@ -257,7 +256,7 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
         status = 1
     done.set()  # a signal relayed from now on finds the command over: not raised here
     import atexit
-    private_tmp.removal_after_exit()  # below
+    private_tmp.removal_after_exit()  # serve_one removes them, once the status is sent
     atexit._run_exitfuncs()  # as the in-process CLI's exit runs them, before the status
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -277,5 +276,4 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
         conn.send(b"X" + struct.pack("<i", status))
     except OSError:
         pass
-    private_tmp.remove_all()  # the run's TMPDIR: the program and all it started have ended
     prepared.after_call()

@@ -159,7 +159,7 @@ class _Prepared:
         whose state this process has taken, while the client's "go" is on its way (a
         mkdir on this VM's ext4 is ~0.2 ms; hidden only where the go comes after the
         checks). Never by the build ahead: a root would wait there for minutes where
-        others can write. A go that never comes removes it (call._run); a
+        others can write. A go that never comes removes it (call.serve_one); a
         failure is the run's to meet again, and to report."""
         try:
             sb = self.built[0]
