@@ -161,6 +161,66 @@ def test_pathname_unix_socket_needs_a_grant(tmp_path):
     assert len(accepted) == 1
 
 
+OWN_SERVER = """
+import os, socket, sys, time
+d = sys.argv[1]
+own, host = os.path.join(d, "own.sock"), os.path.join(d, "host.sock")
+srv = socket.socket(socket.AF_UNIX); srv.bind(own); srv.listen(1)
+if os.fork() == 0:  # a client in another process of the sandbox, as a manager's is
+    c = socket.socket(socket.AF_UNIX); c.connect(own); c.send(b"ping"); os._exit(0)
+c, _ = srv.accept(); print("stream", c.recv(4).decode())
+os.wait()
+rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); rx.bind(os.path.join(d, "own.dgram"))
+socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"dgram", os.path.join(d, "own.dgram"))
+print("dgram", rx.recv(5).decode())
+for target in (host, os.path.join(d, "swapped.sock")):  # the host's, by name or swapped in
+    if target != host:
+        os.link(host, target)
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(target); print("host connected")
+    except OSError as e:
+        print("host", e.errno)
+"""
+
+
+def test_a_sandbox_connects_to_its_own_unix_socket_servers_only(tmp_path):
+    """multiprocessing's managers and forkservers, a test's server in its TMPDIR: a unix
+    socket the sandbox serves itself needs no grant. Decided on the socket reached, so the
+    host's socket in the same writable directory (by its name, or hard-linked over a name
+    the sandbox chose) stays refused."""
+    host = socket.socket(socket.AF_UNIX)
+    host.bind(str(tmp_path / "host.sock"))
+    host.listen(4)
+    host.settimeout(0.5)
+    os.chmod(tmp_path, 0o777)
+    os.chmod(tmp_path / "host.sock", 0o777)
+    r = run_py(sandbox(fs_writable=[tmp_path]), OWN_SERVER, str(tmp_path))
+    assert r.stdout.decode().split("\n")[:4] == ["stream ping", "dgram dgram", "host 13",
+                                                 "host 13"], r.stderr
+    with pytest.raises(TimeoutError):  # nothing of the sandbox's reached the host's server
+        host.accept()
+    reasons = [d.get("reason", "") for d in r.denials]
+    assert sum("host.sock" in x or "swapped.sock" in x for x in reasons) == 2, reasons
+    for name in ("own.sock", "own.dgram", "swapped.sock"):
+        os.unlink(tmp_path / name)
+    # control: granted, the host's server is reached
+    r = run_py(sandbox(fs_writable=[tmp_path], net_allow_unix=[str(tmp_path)]), OWN_SERVER,
+               str(tmp_path))
+    assert r.stdout.decode().split("\n")[2:4] == ["host connected", "host connected"]
+    host.accept()[0].close()
+    host.close()
+
+
+def test_python_multiprocessing_managers_work_in_a_private_tmpdir(tmp_path):
+    """The first user of own sockets: multiprocessing.Manager() serves on an AF_UNIX
+    socket in a directory of TMPDIR and its client connects to it."""
+    code = ("import multiprocessing as mp\nm = mp.Manager(); d = m.dict(); d['k'] = 7\n"
+            "print(dict(d)); m.shutdown()")
+    r = run_py(sandbox(private_tmp=True), code, timeout=60)
+    assert (r.exit_code, r.stdout.strip()) == (0, b"{'k': 7}"), r.stderr[-600:]
+
+
 @pytest.fixture
 def dns_server():
     srv = TestDnsServer({"api.sandlock.test": ["127.0.0.2"],

@@ -83,6 +83,14 @@ def _git_repo(root: str) -> None:
 
 
 # name -> (setup files or function, script, paths compared by kind only)
+UNIX_SERVER = ("python3 -c \"import socket, sys, threading\np = sys.argv[1] + '/s.sock'\n"
+               "s = socket.socket(socket.AF_UNIX); s.bind(p); s.listen(1); s.settimeout(5)\n"
+               "def serve():\n    c = s.accept()[0]; c.send(c.recv(4).upper())\n"
+               "t = threading.Thread(target=serve, daemon=True); t.start()\n"
+               "c = socket.socket(socket.AF_UNIX); c.settimeout(5); c.connect(p)\n"
+               "c.send(b'ping'); print(c.recv(4).decode())\" DIR && ls DIR && rm DIR/s.sock")
+
+
 WORKFLOWS = {
     "cc-and-run": ({"main.c": MAIN_C}, "cc main.c -o app && ./app", ()),
     "cd-into-new-build-dir": ({"main.c": MAIN_C},
@@ -364,6 +372,10 @@ WORKFLOWS = {
     "git-reset-hard-and-clean": (_git_repo, "echo junk > f && mkdir -p build && "
                                  "touch build/o && git reset -q --hard && git clean -qfdx && "
                                  "cat f && ls && git status --porcelain", (".git/index",)),
+    # A server on a unix socket of its own, and its client (multiprocessing's managers, a
+    # test's server): in TMPDIR, and in the workdir itself.
+    "unix-socket-server-in-tmpdir": ({}, UNIX_SERVER.replace("DIR", "$TMPDIR"), ()),
+    "unix-socket-server-in-workdir": ({}, UNIX_SERVER.replace("DIR", "."), ()),
 }
 
 
@@ -487,7 +499,9 @@ def bare_results(tmp_path_factory):
 
 # What differs from a real filesystem, documented in docs/workspace.md (limits per backend).
 KNOWN = {("git-clone-into-subdir", "overlay", False):
-         "unprivileged overlayfs: a new hard link to a workdir file gets another inode number"}
+         "unprivileged overlayfs: a new hard link to a workdir file gets another inode number",
+         **{("unix-socket-server-in-workdir", "seccomp", root):
+            "seccomp backend: unix sockets are not created in the layer" for root in (True, False)}}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

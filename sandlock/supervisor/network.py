@@ -20,12 +20,13 @@ import errno
 import ipaddress
 import os
 import socket
+import stat
 import struct
 import threading
 
 from netpolicy.endpoint import canonical_address
 
-from .._kernel import procstat, sockets
+from .._kernel import procstat, sockets, unix_diag
 from .._kernel.interrupt import interrupt
 from .._kernel.fileops import AT_FDCWD
 from ..fs_rules import is_beneath
@@ -273,7 +274,8 @@ def _runtime_verdict(req, session, rt, syscall, dest, allowed, info) -> None:
 
 def unix_target(req, session, syscall, dest) -> int:
     """Resolve a pathname unix address as the child would; returns an O_PATH fd on the
-    socket inode if a grant covers it. Abstract names are the caller's business."""
+    socket inode if a grant covers it, or if the socket bound there is the sandbox's own
+    (own_socket). Abstract names are the caller's business."""
     fd = req.open_target(AT_FDCWD, dest.path, 0, follow=True)
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
@@ -283,11 +285,52 @@ def unix_target(req, session, syscall, dest) -> int:
     grants = session.net.unix_allow
     if "*" in grants or any(is_beneath(real, g) for g in grants):
         return fd
+    if own_socket(session, fd):
+        audit_allow(req, session, syscall, protocol="unix", path=real, rule="own:unix")
+        return fd
     os.close(fd)
     # Refused in report-only too: a unix socket reaches local services (docker.sock, an
     # ssh agent, D-Bus) with the supervisor's reach, not a remote host.
     deny(req, session, syscall, f"unix socket {real} is not in net_allow_unix",
          protocol="unix", path=real, rule="default:unix")
+
+
+def own_socket(session, target_fd: int) -> bool:
+    """Whether the unix socket bound at the inode `target_fd` holds is held by a process of
+    this sandbox: a server it runs itself (multiprocessing's managers and forkservers, a
+    test's server in its TMPDIR), which no grant needs to name. Decided on the object: the
+    sockets bound at that inode (sock_diag), looked for among the fds of the sandbox's
+    processes (the root's descendants). That binding cannot change while the socket
+    lives (bind makes a new inode; the path may be replaced, the inode connected to stays
+    the one checked, through target_fd), so a socket found here stays the sandbox's own
+    one until it is closed. A socket passed into the sandbox (inherited, or received) is
+    then its own too: it can already accept what that socket's clients send. Any failure
+    to tell is a no."""
+    if session.root <= 0:
+        return False
+    try:
+        st = os.fstat(target_fd)
+        if not stat.S_ISSOCK(st.st_mode):
+            return False
+        inodes = unix_diag.bound_at(st.st_dev, st.st_ino)
+    except OSError:
+        return False
+    if not inodes:
+        return False
+    links = {f"socket:[{i}]" for i in inodes}
+    from ..process_tree import members
+    for pid in members(session.root):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for n in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{n}") in links:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def proc_fd_sockaddr(target_fd: int) -> bytes:

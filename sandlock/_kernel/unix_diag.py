@@ -1,0 +1,89 @@
+"""Which unix sockets are bound at a filesystem object (sock_diag: NETLINK_SOCK_DIAG,
+AF_UNIX, UDIAG_SHOW_VFS).
+
+A pathname unix socket is reached through the inode its bind() made; the kernel reports,
+for every unix socket of this network namespace, the device and inode number of that
+object. The supervisor asks which socket is bound at the inode a sandbox's path reached
+(supervisor/network.own_socket), never at a spelling of the path.
+
+The kernel's record holds 32 bits of the object's inode number and its device in the
+kernel's own encoding (major << 20 | minor): an object whose inode number needs more bits
+matches nothing here, so a caller refuses it rather than guess.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+UDIAG_SHOW_VFS = 0x2
+UNIX_DIAG_VFS = 1
+ALL_STATES = 0xFFFFFFFF
+MAX_REPLY = 1 << 20   # bytes of one dump's replies read at most per recv
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_REQUEST = struct.Struct("=BBHIIIII")  # family, protocol, pad, states, ino, show, cookie[2]
+_MESSAGE = struct.Struct("=BBBBIII")   # family, type, state, pad, ino, cookie[2]
+_RTATTR = struct.Struct("=HH")
+_VFS = struct.Struct("=II")            # inode, device
+
+
+def _align(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _kernel_dev(st_dev: int) -> int:
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+def bound_at(st_dev: int, st_ino: int, timeout: float = 1.0) -> set[int]:
+    """The socket inode numbers (as /proc/PID/fd shows them: socket:[N]) of the unix
+    sockets of this network namespace bound at the object (st_dev, st_ino). Raises OSError
+    when the kernel cannot be asked (and TimeoutError past `timeout` per reply)."""
+    if st_ino >> 32:
+        return set()
+    want = (st_ino, _kernel_dev(st_dev))
+    found: set[int] = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                       NETLINK_SOCK_DIAG) as s:
+        s.settimeout(timeout)
+        body = _REQUEST.pack(socket.AF_UNIX, 0, 0, ALL_STATES, 0, UDIAG_SHOW_VFS,
+                             0xFFFFFFFF, 0xFFFFFFFF)
+        seq = os.getpid() & 0xFFFF
+        s.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY,
+                              NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
+        while True:
+            data = s.recv(MAX_REPLY)
+            off = 0
+            while off + _NLMSGHDR.size <= len(data):
+                length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, off)
+                if length < _NLMSGHDR.size:
+                    raise OSError("sock_diag: a malformed reply")
+                if kind == NLMSG_DONE:
+                    return found
+                if kind == NLMSG_ERROR:
+                    err = -struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
+                    raise OSError(err, f"sock_diag: {os.strerror(err)}")
+                if kind == SOCK_DIAG_BY_FAMILY:
+                    msg = data[off + _NLMSGHDR.size: off + length]
+                    ino = _MESSAGE.unpack_from(msg, 0)[4] if len(msg) >= _MESSAGE.size else 0
+                    if _vfs(msg) == want:
+                        found.add(ino)
+                off += _align(length)
+
+
+def _vfs(msg: bytes) -> tuple[int, int] | None:
+    off = _align(_MESSAGE.size)
+    while off + _RTATTR.size <= len(msg):
+        length, kind = _RTATTR.unpack_from(msg, off)
+        if length < _RTATTR.size:
+            return None
+        if kind == UNIX_DIAG_VFS and length - _RTATTR.size >= _VFS.size:
+            return _VFS.unpack_from(msg, off + _RTATTR.size)
+        off += _align(length)
+    return None
