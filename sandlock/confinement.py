@@ -39,6 +39,9 @@ class Confinement:
     # The user's files (protect_user_files): the trampoline's protection list (a sealed
     # memfd, -1 without mounts to make) and the guard's mode ("" without a guard).
     protect_fd: int = -1
+    # The trampoline binds the private TMPDIR's .shm (named in the program's environment)
+    # over /dev/shm, in a mount namespace of the sandbox's own (policy.private_shm).
+    private_shm: bool = False
     guard: str = ""
     write_roots: frozenset = frozenset()  # (dev, ino) of path rules with every write right
     # The trampoline passes its listener over the status socket (SCM_RIGHTS) instead of
@@ -271,6 +274,12 @@ def build(policy: Policy) -> Confinement:
                           "(see `sandlock check`)")
     net_supervised, unix_pairs_only, listen = policy.net_supervised, False, "notify"
     notices: list[str] = []
+    if policy.private_tmp and not policy.private_shm:
+        from .private_tmp import SHM_UNAVAILABLE, shm_refusal
+        if shm_refusal(policy.fs_writable) == SHM_UNAVAILABLE:
+            notices.append(f"no private /dev/shm: {SHM_UNAVAILABLE}; POSIX semaphores and "
+                           f"shared memory (multiprocessing's locks, queues and pools) "
+                           f"are refused")
     tcp_bind = policy.tcp_bind
     if tcp_bind.any_port or 0 in tcp_bind.ports:
         listen = "allow"  # an ephemeral port is allowed anyway: nothing to check
@@ -347,8 +356,8 @@ def build(policy: Policy) -> Confinement:
         subreaper=policy.policy_fn is not None,
         overlay_rights=(landlock.fs_rights_for_abi(kf.landlock_abi) & fs_rules.WRITE_RIGHTS
                         if overlay else 0),
-        protect_fd=protect_fd, guard=guard, write_roots=write_roots,
-        send_listener=not net_supervised, net_supervised=net_supervised,
+        protect_fd=protect_fd, private_shm=policy.private_shm, guard=guard,
+        write_roots=write_roots, send_listener=not net_supervised, net_supervised=net_supervised,
         notices=tuple(notices), cores=lim.cores if lim is not None else (),
         control_lines=tuple(lim.control_lines()) if lim is not None else (),
         _policy=policy if workspace else None, _abi=kf.landlock_abi,

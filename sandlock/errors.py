@@ -82,5 +82,6 @@ STEP_ERRORS = {
     "no_new_privs": ConfinementError, "user namespace": ConfinementError,
     "uid/gid map": ConfinementError, "mount propagation": ConfinementError,
     "overlay mount": ConfinementError, "protecting the user's files": ConfinementError,
+    "private /dev/shm": ConfinementError,
     "fork": ForkError, "child": ChildError,
 }

@@ -34,7 +34,8 @@ STEPS = ("listener", "arguments", "closing inherited fds", "chdir", "setrlimit",
          "no_new_privs", "landlock_restrict_self", "reading the seccomp program", "seccomp",
          "handshake", "close-on-exec", "execve", "subreaper", "user namespace",
          "uid/gid map", "mount propagation", "overlay mount", "overlay Landlock rule",
-         "protecting the user's files", "child", "fork", "the parked start's call")
+         "protecting the user's files", "child", "fork", "the parked start's call",
+         "private /dev/shm")
 _STEP = {name: i for i, name in enumerate(STEPS)}
 _RECORD = struct.Struct("<ii")
 _FD_STATUS, _FD_ACK, _FD_RULESET, _FD_BPF, _FD_PROTECT, _FD_CONTROL = 3, 4, 5, 6, 7, 8
@@ -117,6 +118,7 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
     rlimits = ",".join(f"{r}:{s}:{h}" for r, s, h in conf.rlimits) or "-"
     flags = ((1 if ruleset is not None else 0) | (2 if conf.subreaper else 0)
              | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0)
+             | (128 if conf.private_shm else 0)
              | (16 if conf.send_listener else 0) | (32 if conf.landlock_log else 0)
              | (64 if parked else 0) | passed << 8)
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
@@ -128,7 +130,7 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
 def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
           cwd: str | None, stdio: tuple[int, int, int], attach, overlay=None,
           run_rules: dict | None = None, ruleset_ready=None, hold: bool = False,
-          pass_fds: tuple = (), on_program=None) -> Spawned:
+          pass_fds: tuple = (), on_program=None, shm: str | None = None) -> Spawned:
     """Start `exe` confined by `conf`; `stdio` are fds for 0/1/2 (-1 = inherit). With
     `hold`, the program stops short of its exec, confined and attached, until
     Spawned.release() (upstream's create()/start()).
@@ -136,7 +138,8 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
     `attach(listener_fd, root)` hands our duplicate of the listener to the supervisor; it
     runs while the trampoline waits, before the program is exec'd. `root` is the pid of
     the sandbox's root (sandlock-init.c): every process of the sandbox descends from it. `ruleset_ready(fd)` sees the run's Landlock ruleset before
-    the start (the guard's confined threads keep a duplicate).
+    the start (the guard's confined threads keep a duplicate). `shm`: the directory the
+    trampoline binds over the sandbox's /dev/shm (conf.private_shm; named to it in `env`).
     """
     if not os.access(HELPER, os.X_OK):
         raise SandboxError(f"the sandlock-exec helper is missing ({HELPER}); build it with "
@@ -165,7 +168,7 @@ def spawn(conf: Confinement, exe: bytes, argv: list[bytes], env: dict[str, str],
         if ruleset_ready is not None and ruleset is not None:
             ruleset_ready(ruleset.fd)
         spawned = _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
-                         tuple(pass_fds), on_program, parked)
+                         tuple(pass_fds), on_program, parked, shm)
     except BaseException:
         if parked is not None:  # not taken (nothing once _spawn sent it its call)
             parked.discard(reap=False)
@@ -374,7 +377,8 @@ def _take_parked(conf: Confinement) -> Parked | None:
 
 
 def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
-           pass_fds=(), on_program=None, parked: "Parked | None" = None) -> Spawned:
+           pass_fds=(), on_program=None, parked: "Parked | None" = None,
+           shm: str | None = None) -> Spawned:
     if len(pass_fds) > MAX_PASSED:
         raise SandboxError(f"at most {MAX_PASSED} fds can be passed to a program")
     begun = parked.call(exe, argv, env, cwd, stdio) if parked is not None else None
@@ -406,17 +410,19 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
                 listener = pidfd_getfd(program_fd, rec[1])
             finally:
                 os.close(program_fd)
-        if overlay is not None or conf.protect_fd >= 0:  # it has mounted: past its unshare
+        if overlay is not None or conf.protect_fd >= 0 or conf.private_shm:  # it has mounted
             own_ns = mount_ns.hold(program)
+        mounts = {}
         if overlay is not None:
             # The overlay's mount, taken now, before the program runs: what the supervisor
             # later tells overlay objects by (supervisor.metadata, overlay_calls), never
             # the path again, which the sandbox could have pointed elsewhere (review: its
             # parent renamed, a plain directory made at the workdir's path).
-            attach(listener, pid, overlay_mount=fileops.mount_id(
-                AT_FDCWD, f"/proc/{program}/root{overlay[0]}"))
-        else:
-            attach(listener, pid)
+            mounts["overlay_mount"] = fileops.mount_id(
+                AT_FDCWD, f"/proc/{program}/root{overlay[0]}")
+        if shm is not None:
+            mounts["shm_mount"] = _private_shm_mount(program, shm)
+        attach(listener, pid, **mounts)
         if hold:
             def release(status=status, ack_w=ack_w, discard=False):
                 if discard:
@@ -461,6 +467,18 @@ def _spawn(conf, ruleset, exe, argv, env, cwd, stdio, attach, overlay, hold,
             status.close()
         if ack_w >= 0:
             os.close(ack_w)
+
+
+def _private_shm_mount(program: int, shm: str) -> int | None:
+    """The mount id of the program's /dev/shm if it is the bind of `shm` the trampoline
+    made (the same directory), else None: then nothing there is the sandbox's own."""
+    where = f"/proc/{program}/root/dev/shm"
+    try:
+        if os.stat(where)[1:3] == os.stat(shm, follow_symlinks=False)[1:3]:  # ino, dev
+            return fileops.mount_id(AT_FDCWD, where)
+    except OSError:
+        pass
+    return None
 
 
 def _release(status: socket.socket, ack_w: int, exe: bytes) -> str | None:

@@ -95,6 +95,7 @@ class Policy:
     runtime_events: frozenset = frozenset()  # event kinds it sees; empty without policy_fn
     workspace: object = None         # workspace_policy.Workspace (a copy-on-write workdir)
     private_tmp: bool = False        # a TMPDIR of its own per run (sandlock.private_tmp)
+    private_shm: bool = False        # ... and a /dev/shm of its own (private_tmp.shm_refusal)
     write_excluded: tuple = ()       # paths writable grants must not cover (fs_rules)
     protection: object = None        # home_policy.HomePlan (protect_user_files), or None
     protect_mode: str = ""           # "mounts" or "landlock" (sandlock.protect)
@@ -550,6 +551,9 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         protect_mode = _protect.mode()
         if protect_mode == "landlock":
             denied += tuple(h for h in protection.hidden if h not in denied)
+    private_tmp = _private_tmp(fields.get("private_tmp"), workspace)
+    from .private_tmp import shm_refusal
+    private_shm = private_tmp and shm_refusal(writable) is None
     net_allow = list(fields.get("net_allow") or ())
     if http is not None and not net_allow and not isinstance(fields.get("net_allow"), str):
         # HTTP rules alone open their hosts on the HTTP ports (upstream's semantics); a
@@ -621,7 +625,7 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         policy_fn=policy_fn, policy_fn_timeout=policy_fn_timeout,
         runtime_events=runtime_events,
         workspace=workspace, write_excluded=write_excluded,
-        private_tmp=_private_tmp(fields.get("private_tmp"), workspace),
+        private_tmp=private_tmp, private_shm=private_shm,
         protection=protection, protect_mode=protect_mode,
         limits=parse_limits(fields),
         waived=parse_waived(fields.get("disable")),

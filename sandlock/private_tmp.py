@@ -2,6 +2,13 @@
 workdir and under `net-run`): compilers and package managers get a writable TMPDIR
 without a grant on the host's /tmp, where other users' and programs' files are.
 
+With it comes a private /dev/shm, where the kernel lets this user make a mount namespace
+(policy.private_shm): the root's `.shm`, granted like the root (a rule of its own: Landlock
+does not reach a bind mount's root through the directory it was bound from), is bound
+over /dev/shm by the trampoline (sandlock-exec.c, private_shm). POSIX semaphores and
+shared memory (sem_open, shm_open: multiprocessing's locks, queues and pools) then work
+without the host's /dev/shm, where other programs' objects are, and go with the root.
+
 Each Sandbox has one root, made when its kernel objects are built (Landlock grants writes
 beneath it, and only there); each run gets a directory of its own beneath that root as
 TMPDIR, removed when the run ends (a Sandbox that runs one program only, the CLI's, gives
@@ -113,12 +120,41 @@ def _mkdtemp(prefix: str, parent: str) -> str:
     raise FileExistsError(errno.EEXIST, f"no free name for a temporary directory in {parent}")
 
 
+SHM = "/dev/shm"
+SHM_ENV = "SANDLOCK_SHM"  # names the directory to bind, for the trampoline (removed there)
+SHM_UNAVAILABLE = "this user cannot make a mount namespace here"
+
+
+def shm_refusal(writable) -> str | None:
+    """Why a sandbox with a private TMPDIR and these writable grants gets no private
+    /dev/shm, or None: there is none to cover, a grant already gives the host's, or no
+    mount namespace can be made (the protection mounts' probe: protect.mode)."""
+    from .fs_rules import is_beneath
+    if not os.path.isdir(SHM):
+        return f"{SHM} is not a directory here"
+    if any(is_beneath(SHM, w) for w in writable):
+        return f"{SHM} is granted"
+    from . import protect
+    return None if protect.mode() == "mounts" else SHM_UNAVAILABLE
+
+
 class PrivateTmp:
     def __init__(self):
         self.root = os.path.realpath(_make_root())
+        self.shm: str | None = None
         self.lent = False
         self._finalizer = weakref.finalize(self, _removed, self.root)
         _LIVE[self.root] = self._finalizer
+
+    def make_shm(self) -> str:
+        """The directory bound over the sandbox's /dev/shm: the root's .shm, mode 0700
+        (the sandbox's alone, as the root is)."""
+        if self.shm is None:
+            path = os.path.join(self.root, ".shm")
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700)  # whatever the umask
+            self.shm = path
+        return self.shm
 
     def new_run(self) -> str:
         """A fresh directory for one run's TMPDIR."""

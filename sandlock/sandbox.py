@@ -208,7 +208,9 @@ class Sandbox:
                 return
             policy = self._take_private_tmp(self._run_policy)
             try:
-                _confinement.grant(conf, policy, self._tmp.root)
+                for path in (self._tmp.root, self._tmp.shm):
+                    if path is not None:
+                        _confinement.grant(conf, policy, path)
             except BaseException:
                 self._tmp.close()
                 object.__setattr__(self, "_tmp", None)
@@ -222,7 +224,9 @@ class Sandbox:
         from .private_tmp import PrivateTmp
         tmp = PrivateTmp()
         object.__setattr__(self, "_tmp", tmp)
-        return replace(policy, fs_writable=policy.fs_writable + (tmp.root,))
+        # .shm: a rule of its own (bound over /dev/shm, it is reached from its own root)
+        shm = (tmp.make_shm(),) if policy.private_shm else ()
+        return replace(policy, fs_writable=policy.fs_writable + (tmp.root,) + shm)
 
     def _route_to_handlers(self, conf) -> None:
         """The program's filter, with the calls of the handled syscalls that the policy
@@ -394,6 +398,9 @@ class Sandbox:
             extra.update(net.secrets.environment(base))
         for k, v in (extra_env or {}).items():
             extra[os.fsencode(k)] = os.fsencode(v)
+        if conf.private_shm and self._tmp is not None and self._tmp.shm is not None:
+            from .private_tmp import SHM_ENV  # for the trampoline, which removes it
+            extra[SHM_ENV.encode()] = os.fsencode(self._tmp.shm)
         env = _environment(policy, extra)
         path = env.get("PATH") if env is os.environ else os.fsdecode(env.get(b"PATH", b""))
         exe = _find_executable(argv[0], path or os.fsdecode(_DEFAULT_PATH), policy.cwd)
@@ -440,7 +447,7 @@ class Sandbox:
             from .workspace_run import _Workspace
             workspace = _Workspace.start(policy, self.on_exit, self.on_error, session, pwd)
         session.overlay = workspace is not None and workspace.overlay is not None
-        session.own_mounts = session.overlay or conf.protect_fd >= 0
+        session.own_mounts = session.overlay or conf.protect_fd >= 0 or conf.private_shm
         ruleset_ready = None
         if conf.guard:
             from .supervisor.confined import Confined
@@ -464,7 +471,8 @@ class Sandbox:
                 overlay=workspace.overlay if workspace is not None else None,
                 run_rules=workspace.run_rules if workspace is not None else None,
                 ruleset_ready=ruleset_ready, hold=hold, pass_fds=pass_fds,
-                on_program=on_program)
+                on_program=on_program,
+                shm=self._tmp.shm if conf.private_shm and self._tmp is not None else None)
         except BaseException:
             for fd in parent_ends:
                 if fd >= 0:
@@ -734,10 +742,12 @@ class CommandNotFound(SandlockError):
     """The command is not on the sandbox's PATH (run() reports it as exit status 127)."""
 
 
-def _attach(session, listener: int, pid: int, overlay_mount: int | None = None) -> None:
+def _attach(session, listener: int, pid: int, overlay_mount: int | None = None,
+            shm_mount: int | None = None) -> None:
     """launch.spawn's attach: the listener to the supervisor, with the overlay's mount id
     (an overlay-backend workspace) noted before any call of the program is served."""
     session.overlay_mount = overlay_mount
+    session.shm_mount = shm_mount
     supervisor().attach(listener, session, pid)
 
 

@@ -452,6 +452,61 @@ def test_net_run_gives_a_private_tmpdir(home):
     assert not os.path.exists("/tmp/sandlock-x") and "Permission denied" in r.stderr
 
 
+SHM_USER = r"""
+import concurrent.futures, multiprocessing as mp, os, sys
+from multiprocessing import shared_memory
+try:
+    print(sorted(os.listdir("/dev/shm")))
+except OSError as e:
+    print("unlisted", e.errno)
+try:
+    open(sys.argv[1]).read(); print("host object read")
+except OSError as e:
+    print("host object", e.errno)
+lock = mp.Lock()  # a POSIX semaphore: sem_open in /dev/shm
+with concurrent.futures.ProcessPoolExecutor(2) as ex:
+    print(sorted(ex.map(abs, [-3, -1, -2])))
+seg = shared_memory.SharedMemory(create=True, size=16)  # shm_open
+seg.buf[:2] = b"ok"; print(bytes(seg.buf[:2]).decode()); seg.close(); seg.unlink()
+own = "/dev/shm/own"  # its metadata too (the supervisor decides chmod and utimes)
+open(own, "w").close(); os.chmod(own, 0o600); os.utime(own, (0, 0))
+print(oct(os.stat(own).st_mode & 0o777), os.stat(own).st_mtime)
+"""
+
+
+def test_a_private_tmpdir_brings_a_private_dev_shm(tmp_path):
+    """POSIX semaphores and shared memory (multiprocessing's locks, queues and pools;
+    shared_memory) live in /dev/shm, where other programs' objects are too: a sandbox with
+    a private TMPDIR gets a /dev/shm of its own there, which the host never sees, and it
+    does not see the host's. Without it (private_tmp off) nothing is writable there."""
+    from sandlock import Sandbox, system_devices, system_readable
+    from sandlock.private_tmp import shm_refusal
+    if shm_refusal(()) is not None:
+        pytest.skip(f"no private /dev/shm here: {shm_refusal(())}")
+    host = f"/dev/shm/sandlock-test-{os.getpid()}"
+    with open(host, "w") as f:
+        f.write("the host's\n")
+    try:
+        before = set(os.listdir("/dev/shm"))
+        sb = Sandbox(fs_readable=system_readable(), fs_writable=system_devices(),
+                     private_tmp=True)
+        r = sb.run([PYTHON, "-c", SHM_USER, host], timeout=60)
+        assert r.stdout.decode().splitlines() == ["[]", "host object 2", "[1, 2, 3]", "ok",
+                                                  "0o600 0.0"], \
+            r.stderr.decode()[-800:]
+        assert set(os.listdir("/dev/shm")) == before  # nothing of the sandbox's reached it
+        with open(host) as f:
+            assert f.read() == "the host's\n"
+        # control: without a private TMPDIR, /dev/shm is the host's and not writable
+        r = Sandbox(fs_readable=system_readable(), fs_writable=system_devices(),
+                    private_tmp=False).run([PYTHON, "-c", SHM_USER, host], timeout=60)
+        assert r.exit_code == 1 and b"PermissionError" in r.stderr
+        assert r.stdout.decode().splitlines() == ["unlisted 13", "host object 13"]
+        assert set(os.listdir("/dev/shm")) == before
+    finally:
+        os.unlink(host)
+
+
 def test_a_private_tmpdir_is_the_cli_s_root_and_each_api_run_s_own_directory(tmp_path,
                                                                            monkeypatch):
     """The CLI runs one program per Sandbox: its TMPDIR is the private root itself, made

@@ -376,6 +376,11 @@ WORKFLOWS = {
     # test's server): in TMPDIR, and in the workdir itself.
     "unix-socket-server-in-tmpdir": ({}, UNIX_SERVER.replace("DIR", "$TMPDIR"), ()),
     "unix-socket-server-in-workdir": ({}, UNIX_SERVER.replace("DIR", "."), ()),
+    # POSIX semaphores in /dev/shm (the private TMPDIR's): a pool's queues and locks.
+    "compileall-in-parallel": ({"pkg/__init__.py": b"", "pkg/a.py": b"A = 1\n",
+                                "pkg/b.py": b"B = 2\n"},
+                               "python3 -m compileall -q -j 2 pkg && ls pkg/__pycache__ | wc -l",
+                               ()),
 }
 
 

@@ -41,8 +41,12 @@
  * of itself (recursive). Each target is opened once with O_NOFOLLOW and the mount is
  * placed on that fd (move_mount), so a symlink swapped in is never followed; a path gone
  * since the plan is skipped (the supervisor's guard refuses its re-creation).
+ * Bit 7 = a private /dev/shm, in the same mount namespace: the directory SANDLOCK_SHM names
+ * in the program's environment (a private TMPDIR's .shm, which the ruleset grants) is bound
+ * over /dev/shm, and the variable removed (private_shm).
  *
- * Order (the child): close every other fd -> [parked: the call] -> [overlay] -> [protection] -> cwd -> rlimits -> capabilities ->
+ * Order (the child): close every other fd -> [parked: the call] -> [overlay] -> [protection] ->
+ * [private /dev/shm] -> cwd -> rlimits -> capabilities ->
  * NO_NEW_PRIVS -> Landlock -> seccomp (listener) -> handshake -> close-on-exec -> execve.
  * The overlay comes first so that cwd is resolved in the sandbox's own view; its mount
  * propagation is made slave first, so the mount never reaches the caller's namespace.
@@ -83,14 +87,14 @@ enum { ST_LISTENER, ST_ARGS, ST_CLOSE_FDS, ST_CHDIR, ST_RLIMIT, ST_SECUREBITS, S
        ST_CAPSET, ST_AMBIENT, ST_NO_NEW_PRIVS, ST_LANDLOCK, ST_SECCOMP_READ, ST_SECCOMP,
        ST_HANDSHAKE, ST_CLOEXEC, ST_EXECVE, ST_SUBREAPER, ST_USERNS, ST_ID_MAP,
        ST_MOUNT_SLAVE, ST_OVERLAY, ST_OVERLAY_RULE, ST_PROTECT, ST_CHILD, ST_FORK,
-       ST_CALL };
+       ST_CALL, ST_SHM };
 
 enum { FD_STATUS = 3, FD_ACK = 4, FD_RULESET = 5, FD_BPF = 6, FD_PROTECT = 7, FD_CONTROL = 8,
        FD_PASSED = 9, MAX_PASSED = 64 };
 static int passed; /* fds FD_PASSED.. kept for the program (FLAGS >> 8) */
 static int status_fd = FD_STATUS; /* moved above the passed fds just before the exec */
 enum { F_RULESET = 1, F_SUBREAPER = 2, F_OVERLAY = 4, F_PROTECT = 8, F_SEND_LISTENER = 16,
-       F_LANDLOCK_LOG = 32, F_PARKED = 64 };
+       F_LANDLOCK_LOG = 32, F_PARKED = 64, F_SHM = 128 };
 #define MAX_CALL (4 << 20) /* a parked start's call: argv and environment, as ARG_MAX bounds */
 #define LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON (1U << 1) /* ABI 7: log the program's denials */
 
@@ -327,6 +331,53 @@ static void allow_overlay(const char *lower, uint64_t rights) {
     if (syscall(SYS_landlock_add_rule, FD_RULESET, LANDLOCK_RULE_PATH_BENEATH, &attr, 0) < 0)
         fail(ST_OVERLAY_RULE, errno);
     close(attr.parent_fd);
+}
+
+/* The sandbox's /dev/shm (flag bit 7): the directory SANDLOCK_SHM names in `env` (a
+ * private TMPDIR's .shm: sandlock/private_tmp.py), bound over /dev/shm, so that POSIX
+ * semaphores and shared memory (sem_open, shm_open) work without the host's /dev/shm,
+ * where other programs' objects are. The variable leaves `env` (every copy of it). The
+ * directory is opened without following a symlink in its place (a run before this one
+ * of the same sandbox may write its parent), must be a directory of this uid, and is
+ * bound as it was opened; /dev/shm is covered by that fd, never by a path re-resolved.
+ * Without the variable there is nothing to bind: /dev/shm stays the host's, which the
+ * ruleset does not grant (nothing is allowed that was not). */
+static void private_shm(char **env) {
+    static const char key[] = "SANDLOCK_SHM=";
+    const char *src = NULL;
+    char **kept = env;
+    for (char **p = env; *p != NULL; p++) {
+        if (strncmp(*p, key, sizeof key - 1) == 0)
+            src = *p + sizeof key - 1;
+        else
+            *kept++ = *p;
+    }
+    *kept = NULL;
+    if (src == NULL)
+        return;
+    int dir = open(src, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir < 0)
+        fail(ST_SHM, errno);
+    struct stat st;
+    if (fstat(dir, &st) < 0)
+        fail(ST_SHM, errno);
+    if (!S_ISDIR(st.st_mode) || st.st_uid != getuid())
+        fail(ST_SHM, EPERM);
+    int target = open("/dev/shm", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (target < 0)
+        fail(ST_SHM, errno);
+    int tree = (int)syscall(SYS_open_tree, dir, "",
+                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+    if (tree < 0)
+        fail(ST_SHM, errno);
+    struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+    if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0 ||
+        syscall(SYS_move_mount, tree, "", target, "",
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+        fail(ST_SHM, errno);
+    close(tree);
+    close(target);
+    close(dir);
 }
 
 /* The listener record, with the listener attached (SCM_RIGHTS): where pidfd_getfd is
@@ -571,7 +622,7 @@ int main(int argc, char **argv) {
     char **args = &argv[13], **env = environ;
     if (flags & F_PARKED)
         receive_call(&cwd, &exe, &args, &env);
-    if ((flags & (F_OVERLAY | F_PROTECT)) && enter_namespace())
+    if ((flags & (F_OVERLAY | F_PROTECT | F_SHM)) && enter_namespace())
         privileged = 1;  /* the user namespace's capabilities go with the rest */
     if (flags & F_OVERLAY) {
         mount_overlay(argv[7], argv[8], argv[9]);
@@ -581,6 +632,8 @@ int main(int argc, char **argv) {
     if (flags & F_PROTECT)
         protect();
     close(FD_PROTECT);
+    if (flags & F_SHM)
+        private_shm(env);
     if (strcmp(cwd, "-") != 0 && chdir(cwd) < 0)
         fail(ST_CHDIR, errno);
     set_rlimits(argv[6]);

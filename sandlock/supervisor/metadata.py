@@ -38,6 +38,8 @@ def _check(fd: int, session) -> None:
     policy = session.policy
     if session.cow is not None and is_beneath(path, session.cow.upper):
         return  # the sandbox's private copy in its copy-on-write layer
+    if session.shm_mount is not None and _on_mount(fd, session.shm_mount):
+        return  # its private /dev/shm (a directory of its private TMPDIR's root)
     ws = policy.workspace
     if session.own_mounts and ws is not None and is_beneath(path, ws.workdir) and \
             on_overlay(fd, session):
@@ -65,10 +67,12 @@ def on_overlay(fd: int, session) -> bool:
     a file's own filesystem's device (hunt: chmod, utimes and xattrs of every file were
     refused) — and not by the workdir's path in the sandbox's view, which a sandbox that
     may write above the workdir can point at a directory of its own (review)."""
-    if session.overlay_mount is None:
-        return False
+    return session.overlay_mount is not None and _on_mount(fd, session.overlay_mount)
+
+
+def _on_mount(fd: int, mount: int) -> bool:
     try:
-        return fileops.mount_id(fd) == session.overlay_mount
+        return fileops.mount_id(fd) == mount
     except OSError:
         return False
 
