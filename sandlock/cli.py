@@ -223,9 +223,20 @@ def _sandbox_from_args(a, net_run: bool = False, cmd=None):
     if getattr(a, "verbose", False):
         for note in notes:
             _say(note)
-        for note in _protection_notes(sb.policy):
+        for note in _protection_notes(sb.policy) + _tmp_notes(sb.policy):
             _say(note)
     return sb, timeout
+
+
+def _tmp_notes(policy) -> list[str]:
+    if not policy.private_tmp:
+        return []
+    if policy.private_shm:
+        return ["a private TMPDIR, and a private /dev/shm"]
+    from .private_tmp import shm_refusal
+    return [f"a private TMPDIR; no private /dev/shm ({shm_refusal(policy.fs_writable)}): "
+            f"POSIX semaphores and shared memory (multiprocessing's locks, queues and "
+            f"pools) fail there unless it is granted"]
 
 
 def _protection_notes(policy) -> list[str]:

@@ -274,12 +274,6 @@ def build(policy: Policy) -> Confinement:
                           "(see `sandlock check`)")
     net_supervised, unix_pairs_only, listen = policy.net_supervised, False, "notify"
     notices: list[str] = []
-    if policy.private_tmp and not policy.private_shm:
-        from .private_tmp import SHM_UNAVAILABLE, shm_refusal
-        if shm_refusal(policy.fs_writable) == SHM_UNAVAILABLE:
-            notices.append(f"no private /dev/shm: {SHM_UNAVAILABLE}; POSIX semaphores and "
-                           f"shared memory (multiprocessing's locks, queues and pools) "
-                           f"are refused")
     tcp_bind = policy.tcp_bind
     if tcp_bind.any_port or 0 in tcp_bind.ports:
         listen = "allow"  # an ephemeral port is allowed anyway: nothing to check

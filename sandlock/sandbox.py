@@ -398,9 +398,10 @@ class Sandbox:
             extra.update(net.secrets.environment(base))
         for k, v in (extra_env or {}).items():
             extra[os.fsencode(k)] = os.fsencode(v)
-        if conf.private_shm and self._tmp is not None and self._tmp.shm is not None:
-            from .private_tmp import SHM_ENV  # for the trampoline, which removes it
-            extra[SHM_ENV.encode()] = os.fsencode(self._tmp.shm)
+        if conf.private_shm:  # for the trampoline, which removes it; never the caller's
+            from .private_tmp import SHM_ENV
+            shm = self._tmp.shm if self._tmp is not None else None
+            extra[SHM_ENV.encode()] = os.fsencode(shm) if shm is not None else None
         env = _environment(policy, extra)
         path = env.get("PATH") if env is os.environ else os.fsdecode(env.get(b"PATH", b""))
         exe = _find_executable(argv[0], path or os.fsdecode(_DEFAULT_PATH), policy.cwd)

@@ -8,7 +8,11 @@ object. The supervisor asks which socket is bound at the inode a sandbox's path 
 
 The kernel's record holds 32 bits of the object's inode number and its device in the
 kernel's own encoding (major << 20 | minor): an object whose inode number needs more bits
-matches nothing here, so a caller refuses it rather than guess.
+matches nothing here, so a caller refuses it rather than guess. The other way round, a
+socket bound on the same filesystem at an inode whose number agrees with the object's in
+its low 32 bits would be taken for one bound there: inode numbers 2**32 apart, on a
+filesystem with 64-bit ones (tmpfs inode64, btrfs), which a sandbox would have to make
+four billion inodes to reach.
 """
 
 from __future__ import annotations

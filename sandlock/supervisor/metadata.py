@@ -38,8 +38,13 @@ def _check(fd: int, session) -> None:
     policy = session.policy
     if session.cow is not None and is_beneath(path, session.cow.upper):
         return  # the sandbox's private copy in its copy-on-write layer
+    prot = session.protection
     if session.shm_mount is not None and _on_mount(fd, session.shm_mount):
-        return  # its private /dev/shm (a directory of its private TMPDIR's root)
+        # its private /dev/shm (a directory of its private TMPDIR's root); a protected
+        # file is no more changeable through a hard link made there
+        if prot is not None and (st.st_dev, st.st_ino) in prot.identities:
+            raise Denied(errno.EPERM, f"{path} is one of the user's protected files")
+        return
     ws = policy.workspace
     if session.own_mounts and ws is not None and is_beneath(path, ws.workdir) and \
             on_overlay(fd, session):
@@ -54,7 +59,6 @@ def _check(fd: int, session) -> None:
         raise Denied(errno.EPERM, f"{path} is in fs_denied")
     if not any(is_beneath(path, w) for w in policy.fs_writable):
         raise Denied(errno.EPERM, f"{path} is outside fs_writable")
-    prot = session.protection
     if prot is not None and ((st.st_dev, st.st_ino) in prot.identities or
                              prot.refusal(path) is not None):
         raise Denied(errno.EPERM, f"{path} is one of the user's protected files")
