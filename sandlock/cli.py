@@ -233,8 +233,11 @@ def _tmp_notes(policy) -> list[str]:
         return []
     if policy.private_shm:
         return ["a private TMPDIR, and a private /dev/shm"]
+    from .policy import _shm_users
     from .private_tmp import shm_refusal
-    return [f"a private TMPDIR; no private /dev/shm ({shm_refusal(policy.fs_writable)}): "
+    why = shm_refusal(policy.fs_writable, _shm_users(policy.fs_readable, policy.fs_denied,
+                                                     policy.workspace))
+    return [f"a private TMPDIR; no private /dev/shm ({why}): "
             f"POSIX semaphores and shared memory (multiprocessing's locks, queues and "
             f"pools) fail there unless it is granted"]
 
@@ -276,6 +279,24 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM ends the sandbox like Ctrl-C does
 
 
+class _HungUp(KeyboardInterrupt):
+    """SIGHUP (the terminal closed, the session ended): the sandbox ends as with SIGTERM,
+    what the run made goes with it (its private TMPDIR), and the status is 129."""
+
+
+def _hangup(signum, frame):
+    raise _HungUp
+
+
+def _ending_signals() -> None:
+    """SIGTERM and SIGHUP end the sandbox through the run's own cleanup, from before its
+    start on (a default action would end this process with the sandbox's private TMPDIR
+    left in the caller's). A SIGHUP its caller ignores (nohup) stays ignored."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _hangup)
+
+
 def _run(a, net_run: bool = False) -> int:
     from .errors import SandlockError
     from .sandbox import CommandNotFound, StdioMode
@@ -293,6 +314,7 @@ def _run(a, net_run: bool = False) -> int:
     if getattr(a, "interactive", False) and not os.isatty(0):
         _say("error: -i/--interactive: stdin is not a terminal")
         return EXIT_SANDLOCK
+    _ending_signals()
     try:
         sb, timeout = _sandbox_from_args(a, net_run, cmd)
         for lost in sb.degradations:
@@ -307,6 +329,8 @@ def _run(a, net_run: bool = False) -> int:
     except SandlockError as e:
         _say(f"error: {e}")
         return EXIT_SANDLOCK
+    except KeyboardInterrupt as e:  # before the program ran (popen let go of what it made)
+        return 128 + signal.SIGHUP if isinstance(e, _HungUp) else 130
     if a.dry_run and proc.workspace is None:
         proc.kill()
         proc.close()
@@ -316,7 +340,6 @@ def _run(a, net_run: bool = False) -> int:
         _say(f"{proc.exec_error}")
     from .terminal import Foreground
     fg = Foreground(proc.root)  # the root's process group: the program starts in it
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = _wait_code(sb, proc, cmd, timeout)
         status = code if code >= 0 else 128 - code
@@ -325,10 +348,10 @@ def _run(a, net_run: bool = False) -> int:
         proc.wait_code()
         _say(f"timed out after {timeout:g}s; the sandbox was killed")
         status = EXIT_TIMEOUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         proc.kill()
         proc.wait_code()
-        status = 130
+        status = 128 + signal.SIGHUP if isinstance(e, _HungUp) else 130
     finally:
         fg.restore()
         proc.close()

@@ -553,7 +553,8 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
             denied += tuple(h for h in protection.hidden if h not in denied)
     private_tmp = _private_tmp(fields.get("private_tmp"), workspace)
     from .private_tmp import shm_refusal
-    private_shm = private_tmp and shm_refusal(writable) is None
+    private_shm = private_tmp and shm_refusal(writable, _shm_users(readable, denied,
+                                                                   workspace)) is None
     net_allow = list(fields.get("net_allow") or ())
     if http is not None and not net_allow and not isinstance(fields.get("net_allow"), str):
         # HTTP rules alone open their hosts on the HTTP ports (upstream's semantics); a
@@ -632,6 +633,13 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         explain=_flag(fields.get("explain"), "explain"),
         report_only=report_only,
     )
+
+
+def _shm_users(readable, denied, workspace) -> tuple:
+    """The paths, besides writable grants, that a private /dev/shm would hide if they lay
+    in the host's (private_tmp.shm_refusal)."""
+    ws = (workspace.workdir, workspace.storage) if workspace is not None else ()
+    return (*readable, *denied, *ws)
 
 
 def _private_tmp(value, workspace) -> bool:

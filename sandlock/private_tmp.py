@@ -125,15 +125,20 @@ SHM_ENV = "SANDLOCK_SHM"  # names the directory to bind, for the trampoline (rem
 SHM_UNAVAILABLE = "this user cannot make a mount namespace here"
 
 
-def shm_refusal(writable) -> str | None:
+def shm_refusal(writable, within=()) -> str | None:
     """Why a sandbox with a private TMPDIR and these writable grants gets no private
-    /dev/shm, or None: there is none to cover, a grant already gives the host's, or no
-    mount namespace can be made (the protection mounts' probe: protect.mode)."""
+    /dev/shm, or None: there is none to cover, a grant already gives the host's, a path
+    the sandbox uses lies in the host's (`within`: grants, its workdir and layer storage,
+    which the cover would hide), or no mount namespace can be made (the protection
+    mounts' probe: protect.mode)."""
     from .fs_rules import is_beneath
     if not os.path.isdir(SHM):
         return f"{SHM} is not a directory here"
     if any(is_beneath(SHM, w) for w in writable):
         return f"{SHM} is granted"
+    inside = [p for p in (*writable, *within) if p and is_beneath(p, SHM)]
+    if inside:
+        return f"{inside[0]} lies in the host's {SHM}"
     from . import protect
     return None if protect.mode() == "mounts" else SHM_UNAVAILABLE
 

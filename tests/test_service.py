@@ -114,6 +114,39 @@ def test_signals_reach_the_sandbox_and_a_dead_client_ends_it(env):
         p.stderr.close()
 
 
+@pytest.mark.parametrize("mode", ["service", "in-process"])
+def test_a_hangup_ends_a_net_run_and_leaves_nothing_in_the_caller_s_tmpdir(env, tmp_path,
+                                                                           mode):
+    """SIGHUP (a terminal closed, an ssh session gone) had the default action: the CLI (or
+    the service's child) died at once, its sandbox killed by its death signal, and the
+    private TMPDIR left in the caller's. Now it ends the run as SIGTERM does: status 129,
+    the sandbox ended, its TMPDIR removed. Even before the program runs."""
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    e = dict(env, TMPDIR=str(caller), XDG_STATE_HOME=str(tmp_path / "state"))
+    if mode == "service":
+        _wait_served(e)
+    else:
+        e["SANDLOCK_SERVICE"] = "0"
+    for delay in (None, 0.0):  # once the program runs; as early as the signal can come
+        marker = f"{40 + (delay is None) / 100:.2f}"
+        p = subprocess.Popen([CLIENT, "net-run", "--", "sleep", marker], env=e,
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+        if delay is None:
+            assert _wait_for(lambda: _running(marker)), "the sandboxed sleep never started"
+        else:
+            time.sleep(delay)
+        p.send_signal(signal.SIGHUP)
+        code = p.wait(timeout=20)
+        p.stderr.close()
+        # as early as it can come, the signal may find the CLI not started yet (-1)
+        assert code in ((128 + signal.SIGHUP,) if delay is None else
+                        (128 + signal.SIGHUP, -signal.SIGHUP)), code
+        assert _wait_for(lambda: not _running(marker)), "SIGHUP left the sandbox running"
+        assert _wait_for(lambda: list(caller.iterdir()) == [], 5), list(caller.iterdir())
+
+
 def test_a_killed_supervisor_ends_the_sandbox_never_lets_it_go_on(env, tmp_path):
     _wait_served(env)
     work = tmp_path / "w"

@@ -239,7 +239,9 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
             pass
         return
     sys.argv = ["sandlock", *argv]
-    from ..cli import main
+    from ..cli import _HungUp, _ending_signals, main
+    if argv[:1] in (["run"], ["net-run"]):
+        _ending_signals()  # as the CLI's _run does, from the go on: relayed from now on
     try:
         status = main(argv)
     except SystemExit as e:
@@ -248,8 +250,8 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
             print(code, file=sys.stderr)
             code = 1
         status = 0 if code is None else int(code)
-    except KeyboardInterrupt:
-        status = 130
+    except KeyboardInterrupt as e:
+        status = 128 + signal.SIGHUP if isinstance(e, _HungUp) else 130
     except BaseException:
         import traceback
         traceback.print_exc()
