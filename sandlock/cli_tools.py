@@ -106,15 +106,16 @@ def check(a) -> int:
         print(f"  [{'ok' if present else '--'}] {name:28} {purpose}")
     namespaces = mode() == "mounts"
     print(f"  [{'ok' if namespaces else '--'}] {'mount namespaces':28} the user's files kept by "
-          f"the kernel; overlay workspaces")
+          f"the kernel; overlay workspaces; a private /dev/shm")
     lost = degradations(f)
     for kind, item in costs(f):
         print(f"{'refused here' if kind == 'refused' else 'note'}: {item}")
     if not namespaces:
         print("no mount namespace can be made here (unshare refused: a container's seccomp "
               "profile, or user namespaces restricted): secrets are Landlock-denied paths "
-              "(the directories on the way to one accept no new entries) and workspaces "
-              "use the seccomp backend")
+              "(the directories on the way to one accept no new entries), workspaces "
+              "use the seccomp backend, and a private TMPDIR comes without a private "
+              "/dev/shm (POSIX semaphores and shared memory fail there)")
     if not lost:
         print("all protections available")
         return 0
