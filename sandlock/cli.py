@@ -275,26 +275,33 @@ def _default_audit_path() -> str:
     return os.path.join(directory, "net-run-audit.jsonl")
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM ends the sandbox like Ctrl-C does
-
-
 class _HungUp(KeyboardInterrupt):
     """SIGHUP (the terminal closed, the session ended): the sandbox ends as with SIGTERM,
     what the run made goes with it (its private TMPDIR), and the status is 129."""
 
 
-def _hangup(signum, frame):
-    raise _HungUp
+_ending: list[int] = []  # the ending signal taken, once one was
+
+
+def _interrupt(signum, frame):
+    """SIGTERM ends the sandbox like Ctrl-C does; SIGHUP too. Once: another one meanwhile
+    (systemd sends SIGTERM then SIGHUP) finds the run ending, and would only cut its
+    cleanup short (review)."""
+    if _ending:
+        return
+    _ending.append(signum)
+    raise _HungUp if signum == signal.SIGHUP else KeyboardInterrupt
 
 
 def _ending_signals() -> None:
     """SIGTERM and SIGHUP end the sandbox through the run's own cleanup, from before its
     start on (a default action would end this process with the sandbox's private TMPDIR
-    left in the caller's). A SIGHUP its caller ignores (nohup) stays ignored."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-        signal.signal(signal.SIGHUP, _hangup)
+    left in the caller's). One its caller ignores (nohup) stays ignored, here and in the
+    program, which inherits it so."""
+    _ending.clear()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, _interrupt)
 
 
 def _run(a, net_run: bool = False) -> int:

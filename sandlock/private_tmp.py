@@ -132,7 +132,11 @@ def shm_refusal(writable, within=()) -> str | None:
     which the cover would hide), or no mount namespace can be made (the protection
     mounts' probe: protect.mode)."""
     from .fs_rules import is_beneath
-    if not os.path.isdir(SHM):
+    import stat
+    try:
+        if not stat.S_ISDIR(os.lstat(SHM).st_mode):  # a symlink (to /run/shm...) too: the
+            return f"{SHM} is not a directory here"  # trampoline covers no symlink
+    except OSError:
         return f"{SHM} is not a directory here"
     if any(is_beneath(SHM, w) for w in writable):
         return f"{SHM} is granted"

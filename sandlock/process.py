@@ -92,6 +92,34 @@ class _RootWatch:
                 self._fd = -1
 
 
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _signals_held:
+    """In the main thread: the Python handlers of SIGINT, SIGTERM and SIGHUP (which raise,
+    as the CLI's do) only note a signal meanwhile; each noted one is raised again at the
+    end, to its handler. Elsewhere (no handler runs there), nothing to hold. A default
+    action is left as it is: it ends the process, whose workdir commit is crash-safe."""
+
+    def __enter__(self):
+        self.saved, self.noted = {}, []
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in _HELD:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                self.saved[sig] = handler
+                signal.signal(sig, lambda signum, frame: self.noted.append(signum))
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(self.noted):
+            signal.raise_signal(sig)
+        return False
+
+
 class Process:
     """A running sandboxed process. The sandbox is its whole process group: when the main
     process ends, or on kill()/timeout, every process left in the group is killed too."""
@@ -166,8 +194,11 @@ class Process:
 
     def _reap(self) -> tuple[ExitReason, int, int]:
         """Collect the exit status: the root's, which ends only once every process of the
-        sandbox is gone, as the program ended."""
-        with self._lock:
+        sandbox is gone, as the program ended. Python's handlers of the ending signals
+        wait for its end (_signals_held): a KeyboardInterrupt raised inside it left a
+        workdir half-applied under a summary saying "applied", or a closed pidfd still
+        in use (review)."""
+        with self._lock, _signals_held():
             if self._status is None:
                 try:
                     info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)

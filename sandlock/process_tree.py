@@ -73,6 +73,13 @@ def signal_members(root: int, sig: int) -> None:
             os.close(fd)
 
 
+def in_tree(pid: int, root: int) -> bool:
+    """Whether the process that has `pid` now descends from `root` (by its parent links).
+    Pin it with a pidfd opened before, and check the pidfd is still alive after using the
+    pid: then the pid named that very process throughout."""
+    return _in_tree(pid, root)
+
+
 def _in_tree(pid: int, root: int) -> bool:
     for _ in range(4096):
         try:

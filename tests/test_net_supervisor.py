@@ -14,7 +14,7 @@ import time
 import dns.message  # noqa: F401  (loaded so that the unprivileged run copies dnspython)
 import pytest
 
-from conftest import connect_in, run_py, sandbox
+from conftest import PY, connect_in, run_py, sandbox
 from dnsserver import TestDnsServer
 
 DNSPY_PATH = os.path.dirname(os.path.dirname(dns.message.__file__))
@@ -209,6 +209,78 @@ def test_a_sandbox_connects_to_its_own_unix_socket_servers_only(tmp_path):
                str(tmp_path))
     assert r.stdout.decode().split("\n")[2:4] == ["host connected", "host connected"]
     host.accept()[0].close()
+    host.close()
+
+
+CONNECT_BACK = """
+import os, socket, sys, time
+if len(sys.argv) > 2:  # many processes holding many fds: a look at all of them is long
+    for _ in range(int(sys.argv[2])):
+        if os.fork() == 0:
+            for _ in range(int(sys.argv[3])):
+                os.dup(0)
+            time.sleep(30); os._exit(0)
+    time.sleep(1.5)
+s = socket.socket(socket.AF_UNIX)
+t = time.monotonic()
+try:
+    s.connect(sys.argv[1]); print("connected", s.recv(4).decode())
+except OSError as e:
+    print("refused", e.errno)
+print(round(time.monotonic() - t, 3))
+os.killpg(0, 9) if len(sys.argv) > 2 else None
+"""
+
+
+def test_a_connection_accepted_from_a_host_socket_is_not_the_sandbox_s_own(tmp_path):
+    """inetd-style: a host service hands the sandbox one accepted connection (its stdin).
+    The kernel gives that socket the listener's address, so it looked like a listener
+    the sandbox held: its program connected to the host's service again (review). Only
+    listening (or bound, unconnected datagram) sockets count."""
+    path = str(tmp_path / "svc.sock")
+    host = socket.socket(socket.AF_UNIX)
+    host.bind(path)
+    host.listen(4)
+    os.chmod(tmp_path, 0o777)
+    os.chmod(path, 0o777)
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    handed, _ = host.accept()
+    host.settimeout(0.5)
+    from sandlock import StdioMode
+    proc = sandbox(fs_readable=[tmp_path]).popen([PY, "-c", CONNECT_BACK, path],
+                                                  stdin=handed.fileno(),
+                                                  stdout=StdioMode.PIPED,
+                                                  stderr=StdioMode.PIPED)
+    with proc:
+        r = proc.communicate(timeout=30)
+    assert r.stdout.split()[:2] == [b"refused", b"13"], r.stderr
+    with pytest.raises(TimeoutError):  # the host's service saw nothing
+        host.accept()
+    # control: granted, the same program reaches it
+    r = run_py(sandbox(fs_readable=[tmp_path], net_allow_unix=[str(tmp_path)]),
+               CONNECT_BACK.replace("s.recv(4).decode()", "''"), path)
+    assert r.stdout.split()[:1] == [b"connected"], r.stderr
+    host.accept()[0].close()
+    for s_ in (handed, client, host):
+        s_.close()
+
+
+def test_looking_for_an_own_socket_is_bounded(tmp_path):
+    """Whether a socket is the sandbox's own is read from its processes' fds, on the
+    supervisor's thread: 40 processes holding 3,000 fds each took ~0.6 s per connect here
+    (100 x 10,000: 6-8 s, every sandbox of the process waiting; review). The look now
+    stops at OWN_SCAN_FDS fds or OWN_SCAN_SECONDS, and then refuses."""
+    path = str(tmp_path / "svc.sock")
+    host = socket.socket(socket.AF_UNIX)
+    host.bind(path)
+    host.listen(4)
+    os.chmod(tmp_path, 0o777)
+    os.chmod(path, 0o777)
+    r = run_py(sandbox(fs_readable=[tmp_path]), CONNECT_BACK, path, "40", "3000", timeout=60)
+    out = r.stdout.split()
+    assert out[:2] == [b"refused", b"13"], r.stderr[-500:]
+    assert float(out[2]) < 0.25, out  # not the whole look
     host.close()
 
 

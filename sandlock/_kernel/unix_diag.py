@@ -27,7 +27,8 @@ NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 UDIAG_SHOW_VFS = 0x2
 UNIX_DIAG_VFS = 1
-ALL_STATES = 0xFFFFFFFF
+TCP_ESTABLISHED, TCP_CLOSE, TCP_LISTEN = 1, 7, 10  # a unix socket's states, as TCP's
+SERVING = 1 << TCP_LISTEN | 1 << TCP_CLOSE  # listening; datagram, bound, unconnected
 MAX_REPLY = 1 << 20   # bytes of one dump's replies read at most per recv
 
 _NLMSGHDR = struct.Struct("=IHHII")
@@ -45,10 +46,14 @@ def _kernel_dev(st_dev: int) -> int:
     return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
-def bound_at(st_dev: int, st_ino: int, timeout: float = 1.0) -> set[int]:
+def bound_at(st_dev: int, st_ino: int, states: int = SERVING,
+             timeout: float = 1.0) -> set[int]:
     """The socket inode numbers (as /proc/PID/fd shows them: socket:[N]) of the unix
-    sockets of this network namespace bound at the object (st_dev, st_ino). Raises OSError
-    when the kernel cannot be asked (and TimeoutError past `timeout` per reply)."""
+    sockets of this network namespace in `states` (a mask of 1 << state) bound at the
+    object (st_dev, st_ino). By default the sockets that serve the address: listening
+    ones, and unconnected datagram ones; not the connections a listener accepted (the
+    kernel gives each the listener's address). Raises OSError when the kernel cannot be
+    asked (and TimeoutError past `timeout` per reply)."""
     if st_ino >> 32:
         return set()
     want = (st_ino, _kernel_dev(st_dev))
@@ -56,7 +61,7 @@ def bound_at(st_dev: int, st_ino: int, timeout: float = 1.0) -> set[int]:
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
                        NETLINK_SOCK_DIAG) as s:
         s.settimeout(timeout)
-        body = _REQUEST.pack(socket.AF_UNIX, 0, 0, ALL_STATES, 0, UDIAG_SHOW_VFS,
+        body = _REQUEST.pack(socket.AF_UNIX, 0, 0, states, 0, UDIAG_SHOW_VFS,
                              0xFFFFFFFF, 0xFFFFFFFF)
         seq = os.getpid() & 0xFFFF
         s.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY,

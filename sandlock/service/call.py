@@ -198,6 +198,7 @@ def _take_environment(env: dict[str, str]) -> None:
 def _run(conn: socket.socket, argv: list[str]) -> None:
     done = threading.Event()
     went = threading.Event()
+    main_thread = threading.get_ident()
     go: list[bytes] = []
 
     def relay():
@@ -225,7 +226,10 @@ def _run(conn: socket.socket, argv: list[str]) -> None:
                 finally:
                     os.kill(os.getpid(), signal.SIGKILL)
             if m[:1] == b"S" and len(m) >= 2:
-                os.kill(os.getpid(), m[1])
+                # To the main thread, where its handler runs: directed at the process, a
+                # signal could be taken by this thread and leave the main one in its wait
+                # (review: SIGTERM then SIGHUP hung a run until its program ended).
+                signal.pthread_kill(main_thread, m[1])
     # Started before the "go" is read: its start overlaps the client's answer. A bare
     # thread: threading.Thread.start() waits for it to run (~0.3 ms here); this process
     # exits with os._exit, and joins no thread.

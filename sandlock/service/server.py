@@ -145,6 +145,10 @@ def _warm_child() -> None:
     set, the fast path's table, the remaining caches) is done before a client waits."""
     from ..cli import main
     saved = [os.dup(fd) for fd in (0, 1, 2)]
+    # The run's handlers of its ending signals go with it: a caller's dispositions are
+    # taken on only where no handler of Sandlock's is (peer.take_signals), so a SIGHUP
+    # a client ignored (nohup) reached its program not ignored (review).
+    dispositions = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     null = os.open(os.devnull, os.O_RDWR)
     try:
         for fd in (0, 1, 2):
@@ -162,6 +166,8 @@ def _warm_child() -> None:
             os.dup2(old, fd)
             os.close(old)
         os.close(null)
+        for sig, handler in dispositions.items():
+            signal.signal(sig, handler)
 
 
 CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

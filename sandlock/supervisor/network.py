@@ -23,6 +23,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 
 from netpolicy.endpoint import canonical_address
 
@@ -272,6 +273,10 @@ def _runtime_verdict(req, session, rt, syscall, dest, allowed, info) -> None:
             refuse(req, session, syscall, v.reason, v.errno, **dict(info, rule="policy_fn"))
 
 
+OWN_SCAN_FDS = 4096       # fds of the sandbox's processes own_socket reads at most
+OWN_SCAN_SECONDS = 0.01  # ... and the time it takes: past either, the socket is not its own
+
+
 def unix_target(req, session, syscall, dest) -> int:
     """Resolve a pathname unix address as the child would; returns an O_PATH fd on the
     socket inode if a grant covers it, or if the socket bound there is the sandbox's own
@@ -285,7 +290,7 @@ def unix_target(req, session, syscall, dest) -> int:
     grants = session.net.unix_allow
     if "*" in grants or any(is_beneath(real, g) for g in grants):
         return fd
-    if own_socket(session, fd):
+    if own_socket(session, fd, req.pid):
         audit_allow(req, session, syscall, protocol="unix", path=real, rule="own:unix")
         return fd
     os.close(fd)
@@ -295,17 +300,25 @@ def unix_target(req, session, syscall, dest) -> int:
          protocol="unix", path=real, rule="default:unix")
 
 
-def own_socket(session, target_fd: int) -> bool:
-    """Whether the unix socket bound at the inode `target_fd` holds is held by a process of
-    this sandbox: a server it runs itself (multiprocessing's managers and forkservers, a
-    test's server in its TMPDIR), which no grant needs to name. Decided on the object: the
-    sockets bound at that inode (sock_diag), looked for among the fds of the sandbox's
-    processes (the root's descendants). That binding cannot change while the socket
-    lives (bind makes a new inode; the path may be replaced, the inode connected to stays
-    the one checked, through target_fd), so a socket found here stays the sandbox's own
-    one until it is closed. A socket passed into the sandbox (inherited, or received) is
-    then its own too: it can already accept what that socket's clients send. Any failure
-    to tell is a no."""
+def own_socket(session, target_fd: int, caller: int = 0) -> bool:
+    """Whether the unix socket serving at the inode `target_fd` holds is held by a process
+    of this sandbox: a server it runs itself (multiprocessing's managers and forkservers,
+    a test's server in its TMPDIR), which no grant needs to name. Decided on the object:
+    the sockets listening (or, datagram, bound and unconnected) at that inode, from the
+    kernel (sock_diag: never a connection a listener accepted, which carries the
+    listener's address), looked for among the fds of the sandbox's processes. That
+    binding cannot change while the socket lives (bind makes a new inode; the path may be
+    replaced, the inode connected to stays the one checked, through target_fd).
+    Invariants of the look (review: a pid of the tree reused by a host process while a
+    long look went on made the host's listener count as the sandbox's):
+      - each process is pinned by a pidfd opened before it is checked to be in the tree,
+        and its fds count only if that pidfd is still alive after they were read (a live
+        process's pid is never reused);
+      - the look reads OWN_SCAN_FDS fds at most, within OWN_SCAN_SECONDS (it runs on the
+        supervisor's thread, which every sandbox of this process shares), the caller's
+        own process first; past either bound the socket is not the sandbox's own.
+    A listener passed into the sandbox (inherited, or received) counts as its own: it can
+    already accept what that socket's clients send. Any failure to tell is a no."""
     if session.root <= 0:
         return False
     try:
@@ -318,18 +331,45 @@ def own_socket(session, target_fd: int) -> bool:
     if not inodes:
         return False
     links = {f"socket:[{i}]" for i in inodes}
-    from ..process_tree import members
-    for pid in members(session.root):
+    from .. import process_tree
+    from .._kernel.pidfd import pidfd_open, pidfd_send_signal
+    deadline = time.monotonic() + OWN_SCAN_SECONDS
+    budget = OWN_SCAN_FDS
+    pids = process_tree.members(session.root)
+    if caller in pids:
+        pids.remove(caller)
+        pids.insert(0, caller)
+    for pid in pids:
         try:
-            fds = os.listdir(f"/proc/{pid}/fd")
+            pidfd = pidfd_open(pid)
         except OSError:
-            continue
-        for n in fds:
+            continue  # gone, or a thread's id
+        try:
+            if not process_tree.in_tree(pid, session.root):
+                continue
             try:
-                if os.readlink(f"/proc/{pid}/fd/{n}") in links:
-                    return True
+                fds = os.listdir(f"/proc/{pid}/fd")
             except OSError:
                 continue
+            found = False
+            for n in fds:
+                budget -= 1
+                if budget < 0 or time.monotonic() > deadline:
+                    return False
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{n}") in links:
+                        found = True
+                        break
+                except OSError:
+                    continue
+            if found:
+                try:
+                    pidfd_send_signal(pidfd, 0)  # still that process: its pid was its own
+                except OSError:
+                    continue
+                return True
+        finally:
+            os.close(pidfd)
     return False
 
 
