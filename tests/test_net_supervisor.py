@@ -223,7 +223,7 @@ if len(sys.argv) > 2:  # many processes holding many fds: a look at all of them 
                 time.sleep(30)
             finally:
                 os._exit(0)
-    time.sleep(1.5)
+    time.sleep(0.7)
 s = socket.socket(socket.AF_UNIX)
 t = time.monotonic()
 try:
