@@ -285,8 +285,8 @@ _ending: list[int] = []  # the ending signal taken, once one was
 
 def _interrupt(signum, frame):
     """SIGTERM ends the sandbox like Ctrl-C does; SIGHUP too. Once: another one meanwhile
-    (systemd sends SIGTERM then SIGHUP) finds the run ending, and would only cut its
-    cleanup short (review)."""
+    (systemd sends SIGTERM then SIGHUP; Ctrl-C then SIGTERM) finds the run ending, and
+    would only cut its cleanup short (review)."""
     if _ending:
         return
     _ending.append(signum)
@@ -296,12 +296,16 @@ def _interrupt(signum, frame):
 def _ending_signals() -> None:
     """SIGTERM and SIGHUP end the sandbox through the run's own cleanup, from before its
     start on (a default action would end this process with the sandbox's private TMPDIR
-    left in the caller's). One its caller ignores (nohup) stays ignored, here and in the
-    program, which inherits it so."""
+    left in the caller's); SIGINT, Ctrl-C, as it did (KeyboardInterrupt), and with them
+    one at a time. One its caller ignores (nohup, a background job) stays ignored here; in
+    the program a SIGHUP does too, while the trampoline gives SIGINT and SIGTERM their
+    defaults, as posix_spawn's setsigdef does."""
     _ending.clear()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) != signal.SIG_IGN:
             signal.signal(sig, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 def _run(a, net_run: bool = False) -> int:

@@ -115,8 +115,14 @@ class _signals_held:
     def __exit__(self, *exc):
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
+        raised = None
         for sig in dict.fromkeys(self.noted):
-            signal.raise_signal(sig)
+            try:  # each to its handler, even after one raised
+                signal.raise_signal(sig)
+            except BaseException as e:
+                raised = raised or e
+        if raised is not None:
+            raise raised
         return False
 
 

@@ -158,22 +158,25 @@ def test_sigterm_then_sighup_end_the_run_once(env, mode):
         _wait_served(e)
     else:
         e["SANDLOCK_SERVICE"] = "0"
-    marker = f"{42 + (mode == 'service') / 100:.2f}"
-    p = subprocess.Popen([CLIENT, "run", "--", "sleep", marker], env=e,
-                         stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    assert _wait_for(lambda: _running(marker)), "the sandboxed sleep never started"
-    p.send_signal(signal.SIGTERM)
-    p.send_signal(signal.SIGHUP)
-    try:
-        code = p.wait(timeout=15)
-    finally:
-        p.kill()
-    err = p.stderr.read().decode()
-    p.stderr.close()
-    # whichever is taken first ends it (pending together, SIGHUP comes first)
-    assert code in (129, 130) and "Traceback" not in err, (code, err)
-    assert _wait_for(lambda: not _running(marker)), "the sandbox went on"
+    for i, pair in enumerate(((signal.SIGTERM, signal.SIGHUP),
+                              (signal.SIGINT, signal.SIGTERM))):  # Ctrl-C, then a stop
+        marker = f"{42 + (mode == 'service') / 100 + i / 1000:.3f}"
+        p = subprocess.Popen([CLIENT, "run", "--", "sleep", marker], env=e,
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in
+                                                 (signal.SIGHUP, signal.SIGINT)])
+        assert _wait_for(lambda: _running(marker)), "the sandboxed sleep never started"
+        for sig in pair:
+            p.send_signal(sig)
+        try:
+            code = p.wait(timeout=15)
+        finally:
+            p.kill()
+        err = p.stderr.read().decode()
+        p.stderr.close()
+        # whichever is taken first ends it (pending together, the lower number comes first)
+        assert code in (129, 130) and "Traceback" not in err, (pair, code, err)
+        assert _wait_for(lambda: not _running(marker)), "the sandbox went on"
 
 
 def test_a_signal_during_the_workspace_commit_waits_for_its_end(env, tmp_path):

@@ -148,7 +148,8 @@ def _warm_child() -> None:
     # The run's handlers of its ending signals go with it: a caller's dispositions are
     # taken on only where no handler of Sandlock's is (peer.take_signals), so a SIGHUP
     # a client ignored (nohup) reached its program not ignored (review).
-    dispositions = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    dispositions = {sig: signal.getsignal(sig)
+                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     null = os.open(os.devnull, os.O_RDWR)
     try:
         for fd in (0, 1, 2):

@@ -78,6 +78,7 @@ class Session:
         self.overlay = False    # ... holding an overlay-backend workspace
         self.overlay_mount = None  # ... whose mount has this id (launch.spawn)
         self.shm_mount = None   # its private /dev/shm's mount id (launch.spawn), if any
+        self.own_sockets: dict = {}  # socket link -> (pid, fd) where own_socket found it
         self.protection = None  # supervisor.guard.Protection: the user's files kept
         self.forks = None       # supervisor.forks.ForkBudget under max_processes
         self.user_handlers = None  # supervisor.user_handlers.UserHandlers (custom handlers)

@@ -273,8 +273,8 @@ def _runtime_verdict(req, session, rt, syscall, dest, allowed, info) -> None:
             refuse(req, session, syscall, v.reason, v.errno, **dict(info, rule="policy_fn"))
 
 
-OWN_SCAN_FDS = 4096       # fds of the sandbox's processes own_socket reads at most
-OWN_SCAN_SECONDS = 0.01  # ... and the time it takes: past either, the socket is not its own
+OWN_SCAN_FDS = 8192      # fds of the sandbox's processes own_socket reads at most (~40 ms)
+OWN_SCAN_SECONDS = 0.5  # ... a backstop on its time (other threads take the GIL meanwhile)
 
 
 def unix_target(req, session, syscall, dest) -> int:
@@ -311,12 +311,15 @@ def own_socket(session, target_fd: int, caller: int = 0) -> bool:
     replaced, the inode connected to stays the one checked, through target_fd).
     Invariants of the look (review: a pid of the tree reused by a host process while a
     long look went on made the host's listener count as the sandbox's):
-      - each process is pinned by a pidfd opened before it is checked to be in the tree,
-        and its fds count only if that pidfd is still alive after they were read (a live
-        process's pid is never reused);
-      - the look reads OWN_SCAN_FDS fds at most, within OWN_SCAN_SECONDS (it runs on the
-        supervisor's thread, which every sandbox of this process shares), the caller's
-        own process first; past either bound the socket is not the sandbox's own.
+      - a process's fds count only through _holds: pinned by a pidfd opened before it is
+        checked to be in the tree, and alive after they were read (a live process's pid
+        is never reused);
+      - where the socket was found last time (session.own_sockets: pid and fd) is looked
+        at first, alone (a manager's every proxy connects);
+      - otherwise the look reads OWN_SCAN_FDS fds at most, the caller's process first,
+        within OWN_SCAN_SECONDS (it runs on the supervisor's thread, which every sandbox
+        of this process shares; the time is a backstop, the fds bound the work); past
+        either the socket is not the sandbox's own.
     A listener passed into the sandbox (inherited, or received) counts as its own: it can
     already accept what that socket's clients send. Any failure to tell is a no."""
     if session.root <= 0:
@@ -330,47 +333,66 @@ def own_socket(session, target_fd: int, caller: int = 0) -> bool:
         return False
     if not inodes:
         return False
-    links = {f"socket:[{i}]" for i in inodes}
     from .. import process_tree
-    from .._kernel.pidfd import pidfd_open, pidfd_send_signal
-    deadline = time.monotonic() + OWN_SCAN_SECONDS
-    budget = OWN_SCAN_FDS
+    links = {f"socket:[{i}]" for i in inodes}
+    known = session.own_sockets
+    for link in links:
+        where = known.get(link)
+        if where is not None and _holds(session, where[0], links, (where[1],)) is not None:
+            return True
+    budget = [OWN_SCAN_FDS, time.monotonic() + OWN_SCAN_SECONDS]
     pids = process_tree.members(session.root)
     if caller in pids:
         pids.remove(caller)
         pids.insert(0, caller)
     for pid in pids:
-        try:
-            pidfd = pidfd_open(pid)
-        except OSError:
-            continue  # gone, or a thread's id
-        try:
-            if not process_tree.in_tree(pid, session.root):
-                continue
+        found = _holds(session, pid, links, None, budget)
+        if found is False:
+            return False  # past the look's bounds
+        if found is not None:
+            if len(known) >= 64:
+                known.clear()
+            known[found[0]] = (pid, found[1])
+            return True
+    return False
+
+
+def _holds(session, pid: int, links: set, fds=None, budget=None):
+    """(link, fd) if process `pid` of the sandbox holds one of `links` at one of `fds`
+    (all its fds if None), None if not, False once `budget` ([fds, deadline]) is spent.
+    Pinned: a pidfd opened before the tree check, alive after the fds were read."""
+    from .. import process_tree
+    from .._kernel.pidfd import pidfd_open, pidfd_send_signal
+    try:
+        pidfd = pidfd_open(pid)
+    except OSError:
+        return None  # gone, or a thread's id
+    try:
+        if not process_tree.in_tree(pid, session.root):
+            return None
+        if fds is None:
             try:
                 fds = os.listdir(f"/proc/{pid}/fd")
             except OSError:
-                continue
-            found = False
-            for n in fds:
-                budget -= 1
-                if budget < 0 or time.monotonic() > deadline:
+                return None
+        for n in fds:
+            if budget is not None:
+                budget[0] -= 1
+                if budget[0] < 0 or time.monotonic() > budget[1]:
                     return False
-                try:
-                    if os.readlink(f"/proc/{pid}/fd/{n}") in links:
-                        found = True
-                        break
-                except OSError:
-                    continue
-            if found:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{n}")
+            except OSError:
+                continue
+            if link in links:
                 try:
                     pidfd_send_signal(pidfd, 0)  # still that process: its pid was its own
                 except OSError:
-                    continue
-                return True
-        finally:
-            os.close(pidfd)
-    return False
+                    return None
+                return link, n
+        return None
+    finally:
+        os.close(pidfd)
 
 
 def proc_fd_sockaddr(target_fd: int) -> bytes:
