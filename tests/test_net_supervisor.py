@@ -235,17 +235,23 @@ os.killpg(0, 9) if len(sys.argv) > 2 else None
 """
 
 
-def test_a_connection_accepted_from_a_host_socket_is_not_the_sandbox_s_own(tmp_path):
-    """inetd-style: a host service hands the sandbox one accepted connection (its stdin).
-    The kernel gives that socket the listener's address, so it looked like a listener
-    the sandbox held: its program connected to the host's service again (review). Only
-    listening (or bound, unconnected datagram) sockets count."""
+def _host_listener(tmp_path):
+    """A host service's listening unix socket, which anyone may reach: (path, socket)."""
     path = str(tmp_path / "svc.sock")
     host = socket.socket(socket.AF_UNIX)
     host.bind(path)
     host.listen(4)
     os.chmod(tmp_path, 0o777)
     os.chmod(path, 0o777)
+    return path, host
+
+
+def test_a_connection_accepted_from_a_host_socket_is_not_the_sandbox_s_own(tmp_path):
+    """inetd-style: a host service hands the sandbox one accepted connection (its stdin).
+    The kernel gives that socket the listener's address, so it looked like a listener
+    the sandbox held: its program connected to the host's service again (review). Only
+    listening (or bound, unconnected datagram) sockets count."""
+    path, host = _host_listener(tmp_path)
     client = socket.socket(socket.AF_UNIX)
     client.connect(path)
     handed, _ = host.accept()
@@ -273,13 +279,8 @@ def test_looking_for_an_own_socket_is_bounded(tmp_path):
     """Whether a socket is the sandbox's own is read from its processes' fds, on the
     supervisor's thread: 40 processes holding 3,000 fds each took ~0.6 s per connect here
     (100 x 10,000: 6-8 s, every sandbox of the process waiting; review). The look now
-    stops at OWN_SCAN_FDS fds or OWN_SCAN_SECONDS, and then refuses."""
-    path = str(tmp_path / "svc.sock")
-    host = socket.socket(socket.AF_UNIX)
-    host.bind(path)
-    host.listen(4)
-    os.chmod(tmp_path, 0o777)
-    os.chmod(path, 0o777)
+    stops at OWN_SCAN_FDS fds (OWN_SCAN_SECONDS as a backstop), and then refuses."""
+    path, host = _host_listener(tmp_path)
     r = run_py(sandbox(fs_readable=[tmp_path]), CONNECT_BACK, path, "40", "3000", timeout=60)
     out = r.stdout.split()
     assert out[:2] == [b"refused", b"13"], (r.exit_code, r.error, r.stderr[-500:])
