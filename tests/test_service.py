@@ -54,7 +54,25 @@ def env(tmp_path):
              SANDLOCK_PYTHON=sys.executable)
     e.pop("SANDLOCK_SERVICE_DEBUG", None)
     yield e
-    subprocess.run(IN_PROCESS + ["service", "stop"], env=e, capture_output=True, timeout=30)
+    _stop(e)
+
+
+def _stop(env) -> None:
+    """What `service stop` asks the service (SIGTERM), sent to the holder of its lock:
+    without a Python start per test (~0.2 s each, ~50 tests)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(env["XDG_RUNTIME_DIR"], "sandlock", "service.lock"),
+                     os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        held = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack("hhqqi4x", held)
+        if kind == fcntl.F_WRLCK and pid > 0:
+            os.kill(pid, signal.SIGTERM)
+    finally:
+        os.close(fd)
 
 
 def client(env, *args, debug=False, **kw):
