@@ -552,9 +552,10 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         if protect_mode == "landlock":
             denied += tuple(h for h in protection.hidden if h not in denied)
     private_tmp = _private_tmp(fields.get("private_tmp"), workspace)
-    from .private_tmp import shm_refusal
-    private_shm = private_tmp and shm_refusal(writable, _shm_users(readable, denied,
-                                                                   workspace)) is None
+    private_shm = False
+    if private_tmp:  # only then (private_tmp's imports: not on every policy's build)
+        from .private_tmp import shm_refusal
+        private_shm = shm_refusal(writable, _shm_users(readable, denied, workspace)) is None
     net_allow = list(fields.get("net_allow") or ())
     if http is not None and not net_allow and not isinstance(fields.get("net_allow"), str):
         # HTTP rules alone open their hosts on the HTTP ports (upstream's semantics); a

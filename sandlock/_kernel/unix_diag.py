@@ -21,25 +21,18 @@ import os
 import socket
 import struct
 
+from .netlink import attributes, dump
+
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 UDIAG_SHOW_VFS = 0x2
 UNIX_DIAG_VFS = 1
 TCP_ESTABLISHED, TCP_CLOSE, TCP_LISTEN = 1, 7, 10  # a unix socket's states, as TCP's
 SERVING = 1 << TCP_LISTEN | 1 << TCP_CLOSE  # listening; datagram, bound, unconnected
-MAX_REPLY = 1 << 20   # bytes of one dump's replies read at most per recv
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _REQUEST = struct.Struct("=BBHIIIII")  # family, protocol, pad, states, ino, show, cookie[2]
 _MESSAGE = struct.Struct("=BBBBIII")   # family, type, state, pad, ino, cookie[2]
-_RTATTR = struct.Struct("=HH")
 _VFS = struct.Struct("=II")            # inode, device
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
 
 
 def _kernel_dev(st_dev: int) -> int:
@@ -57,42 +50,15 @@ def bound_at(st_dev: int, st_ino: int, states: int = SERVING,
     if st_ino >> 32:
         return set()
     want = (st_ino, _kernel_dev(st_dev))
+    body = _REQUEST.pack(socket.AF_UNIX, 0, 0, states, 0, UDIAG_SHOW_VFS,
+                         0xFFFFFFFF, 0xFFFFFFFF)
     found: set[int] = set()
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                       NETLINK_SOCK_DIAG) as s:
-        s.settimeout(timeout)
-        body = _REQUEST.pack(socket.AF_UNIX, 0, 0, states, 0, UDIAG_SHOW_VFS,
-                             0xFFFFFFFF, 0xFFFFFFFF)
-        seq = os.getpid() & 0xFFFF
-        s.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY,
-                              NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
-        while True:
-            data = s.recv(MAX_REPLY)
-            off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, off)
-                if length < _NLMSGHDR.size:
-                    raise OSError("sock_diag: a malformed reply")
-                if kind == NLMSG_DONE:
-                    return found
-                if kind == NLMSG_ERROR:
-                    err = -struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
-                    raise OSError(err, f"sock_diag: {os.strerror(err)}")
-                if kind == SOCK_DIAG_BY_FAMILY:
-                    msg = data[off + _NLMSGHDR.size: off + length]
-                    ino = _MESSAGE.unpack_from(msg, 0)[4] if len(msg) >= _MESSAGE.size else 0
-                    if _vfs(msg) == want:
-                        found.add(ino)
-                off += _align(length)
-
-
-def _vfs(msg: bytes) -> tuple[int, int] | None:
-    off = _align(_MESSAGE.size)
-    while off + _RTATTR.size <= len(msg):
-        length, kind = _RTATTR.unpack_from(msg, off)
-        if length < _RTATTR.size:
-            return None
-        if kind == UNIX_DIAG_VFS and length - _RTATTR.size >= _VFS.size:
-            return _VFS.unpack_from(msg, off + _RTATTR.size)
-        off += _align(length)
-    return None
+    for kind, msg in dump(NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, body, timeout):
+        if kind != SOCK_DIAG_BY_FAMILY or len(msg) < _MESSAGE.size:
+            continue
+        for attr, value in attributes(msg, _MESSAGE.size):
+            if attr == UNIX_DIAG_VFS and len(value) >= _VFS.size:
+                if _VFS.unpack_from(value) == want:
+                    found.add(_MESSAGE.unpack_from(msg)[4])
+                break
+    return found
