@@ -293,7 +293,10 @@ def test_python_multiprocessing_managers_work_in_a_private_tmpdir(tmp_path):
     socket in a directory of TMPDIR, and each proxy connects to it. Also from a process
     holding 600 fds, with a thread busy beside (re-review: a 10 ms bound on the look,
     spent waiting for the GIL, refused 100 of 100 proxies)."""
-    code = ("import multiprocessing as mp, os, threading\n"
+    # The busy thread takes a core; a short switch interval keeps the main thread's GIL
+    # waits (5 ms each by default, ~10 s in all here even bare) out of the test's time.
+    code = ("import multiprocessing as mp, os, sys, threading\n"
+            "sys.setswitchinterval(0.0002)\n"
             "held = [os.dup(0) for _ in range(600)]\n"
             "threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
             "m = mp.Manager(); d = m.dict(); d['k'] = 7\n"
