@@ -208,7 +208,10 @@ def _begin(conf, ruleset, helper_argv: list, env, stdio, pass_fds=(),
     try:
         pid = os.posix_spawn(
             HELPER, helper_argv, env, file_actions=_file_actions(placements), setpgroup=0,
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM),
+            # Python's own ignored ones; the caller's SIGINT and SIGTERM stay as they are
+            # (ignored under a shell's background job, nohup-like wrappers), as with
+            # subprocess; a handler of Python's is reset by the exec.
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
             setsigmask=())
     except OSError as e:
         for fd in (status_w, ack_r, ack_w):

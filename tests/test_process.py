@@ -287,6 +287,34 @@ def _with_tag(tag: bytes) -> list[int]:
     return [p for p in out if pid_alive(p)]
 
 
+SHOW_SIGNALS = ["sh", "-c", "grep ^SigIgn /proc/self/status; kill -TERM $$; echo survived"]
+
+
+@pytest.mark.parametrize("disposition", [signal.SIG_IGN, signal.SIG_DFL])
+def test_the_program_keeps_the_caller_s_signal_dispositions(disposition):
+    """As subprocess starts it: SIGINT and SIGTERM ignored by the caller (a shell's
+    background job, a server that ignores them) stay ignored in the program, and nothing
+    else is (the trampoline had reset both to default, and glibc's posix_spawn left its own
+    signals 32 and 33 ignored). Control: default, SIGTERM ends the program."""
+    old = {sig: signal.signal(sig, disposition) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        r = sandbox().run(SHOW_SIGNALS, timeout=20)
+        bare = subprocess.run(SHOW_SIGNALS, capture_output=True, timeout=20)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    assert r.stdout == bare.stdout, (r.stdout, bare.stdout)
+    ignored = int(r.stdout.split()[1], 16)
+    both = 1 << (signal.SIGINT - 1) | 1 << (signal.SIGTERM - 1)
+    if disposition == signal.SIG_IGN:  # (others the suite inherited ignored: as bare)
+        assert ignored & both == both and r.exit_code == 0
+        assert r.stdout.endswith(b"survived\n")
+    else:
+        assert ignored & both == 0
+        assert (r.reason, r.signal) == (ExitReason.SIGNALED, signal.SIGTERM)
+        assert bare.returncode == -signal.SIGTERM
+
+
 def test_a_double_forked_daemon_is_killed_at_the_end(tmp_path):
     tag = f"daemon-{os.getpid()}"
     r = sandbox().run(["sh", "-c", f"(setsid sh -c 'exec -a {tag} sleep 60' &) ; sleep 0.2; "

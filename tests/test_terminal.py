@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import sys
 import termios
@@ -23,6 +24,12 @@ class Term:
     def __init__(self, argv, env=None):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
+            # A terminal's session starts with the default dispositions, whatever the suite
+            # was started with (`make test &` ignores SIGINT and SIGQUIT, which the
+            # program, as bash's jobs, would keep: Ctrl-C would then do nothing)
+            for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN,
+                        signal.SIGTTOU, signal.SIGHUP, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env or os.environ)
         self.out = b""
 
@@ -114,7 +121,9 @@ def test_bash_job_control_under_a_terminal(shell):
 def test_the_final_kill_reaches_jobs_left_behind(shell, tmp_path):
     t = shell
     t.expect(r"\$ ")
-    t.type("sleep 77 & setsid sleep 78 & sleep 0.2; echo pids=$(pgrep -d, -f 'sleep 7[78]')\n")
+    n = os.getpid() % 1000  # its own: the unprivileged rerun may run this test meanwhile
+    t.type(f"sleep 77.{n} & setsid sleep 78.{n} & sleep 0.2; "
+           f"echo pids=$(pgrep -d, -f '^sleep 7[78][.]{n}$')\n")
     pids = [int(p) for p in t.expect(r"pids=[\d,]+").split("=")[-1].split(",")]
     assert len(pids) == 2
     t.type("exit\n")

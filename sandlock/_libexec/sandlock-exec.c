@@ -414,10 +414,10 @@ static void send_listener(int listener) {
  *   u32 argc, argc strings\0, u32 envc, envc strings\0  (integers little-endian).
  * It takes them as posix_spawn would have given them: stdio at 0-2, the working directory
  * entered by fd (before the namespaces, which carry it over like an inherited one), each
- * signal ignored or default (SIGPIPE, SIGXFSZ, SIGINT, SIGTERM stay default: posix_spawn's
- * setsigdef); every other attribute is the parent's, which sends a call only to a start
- * made with the caller's attributes (service/prepared.py). End-of-file: the parent went
- * away, nothing runs. */
+ * signal ignored or default (SIGPIPE and SIGXFSZ stay default: posix_spawn's setsigdef;
+ * Python ignores them itself, a caller's do not reach it); every other attribute is the
+ * parent's, which sends a call only to a start made with the caller's attributes
+ * (service/prepared.py). End-of-file: the parent went away, nothing runs. */
 static uint32_t call_u32(const char *buf, size_t len, size_t *pos) {
     uint32_t v;
     if (len - *pos < sizeof v)
@@ -500,8 +500,7 @@ static void receive_call(const char **cwd, const char **exe, char ***args, char 
     for (int i = 0; i < 4; i++)
         close(fds[i]);
     for (int sig = 1; sig <= 64; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGPIPE || sig == SIGXFSZ
-            || sig == SIGINT || sig == SIGTERM)
+        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGPIPE || sig == SIGXFSZ)
             continue;
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
@@ -510,20 +509,28 @@ static void receive_call(const char **cwd, const char **exe, char ***args, char 
     }
 }
 
+/* The caller's SIGTERM disposition, the program's (restored in the fork's child below);
+ * the trampoline and the root take the default from their first instruction on: their
+ * parent's SIGTERM and its death must end them even where the caller ignores it. */
+static struct sigaction caller_term;
+
 /* Fork: the parent becomes the sandbox's root (never returns), the child goes on. */
 static void become_root_of_tree(void) {
     pid_t parent = getppid();
-    /* The root ends the sandbox when the process that started it dies, however it dies. */
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) < 0 || getppid() != parent)
-        _exit(127);
-    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
-        fail(ST_SUBREAPER, errno);
+    /* Blocked first, for its signalfd: a blocked signal is queued even where the caller
+     * ignores it (SIGTERM may be, and the program keeps that), so the death signal
+     * below is never dropped. */
     sigset_t set, none;
     sigemptyset(&set);
     sigemptyset(&none);
     sigaddset(&set, SIGCHLD);
     sigaddset(&set, SIGTERM);
-    sigprocmask(SIG_BLOCK, &set, NULL); /* for its signalfd, from before the fork */
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    /* The root ends the sandbox when the process that started it dies, however it dies. */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) < 0 || getppid() != parent)
+        _exit(127);
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+        fail(ST_SUBREAPER, errno);
     /* The root reaps its tree: SIGCHLD ignored, as a caller may leave it, would have the
      * kernel reap the program unseen (the root then waited forever). The program gets
      * the caller's disposition back. */
@@ -537,6 +544,7 @@ static void become_root_of_tree(void) {
         fail(ST_FORK, errno);
     if (child == 0) {
         sigaction(SIGCHLD, &chld_caller, NULL);
+        sigaction(SIGTERM, &caller_term, NULL);
         sigprocmask(SIG_SETMASK, &none, NULL);
         close(FD_CONTROL);
         /* The program ends with its root, whatever ends the root. */
@@ -581,6 +589,17 @@ static int load_seccomp(void) {
 }
 
 int main(int argc, char **argv) {
+    struct sigaction term_default;
+    memset(&term_default, 0, sizeof term_default);
+    term_default.sa_handler = SIG_DFL;
+    sigaction(SIGTERM, &term_default, &caller_term);
+    /* glibc's posix_spawn leaves its own signals (32, 33: thread cancellation, setxid)
+     * ignored in the child it execs, where the parent had its handlers: a program started
+     * by fork and exec has them default. Its sigaction() refuses them: the kernel's. */
+    for (int sig = 32; sig <= 33; sig++) {
+        uint64_t kernel_default[4] = {0};  /* handler SIG_DFL, no flags, restorer, mask */
+        syscall(SYS_rt_sigaction, sig, kernel_default, NULL, sizeof(uint64_t));
+    }
     /* sandlock-exec --probe-overlay LOWER UPPER WORK: can this user mount the overlay
      * backend's view here? Exits 0 if so (its private namespace ends with it). */
     if (argc == 5 && strcmp(argv[1], "--probe-overlay") == 0) {
