@@ -168,6 +168,7 @@ class PolicyContext:
 
 
 MAX_ABANDONED = 8  # overrunning callbacks still running; past this, events are denied
+CLOSE_WAIT = 5.0  # seconds a run's end waits at most for the events still queued
 
 
 class _CallbackThread:
@@ -322,10 +323,16 @@ class Runtime:
             self.audit.record(**record)
 
     def close(self) -> None:
+        """At the run's end: the events still queued (the last exit_group, observed and
+        continued at once) reach the callback before the run's result is returned, so
+        that what the callback saw and flagged is complete. Bounded: CLOSE_WAIT at most
+        (an overrunning callback then finishes on its own, as an abandoned one does)."""
         with self._order:
-            if self._worker is not None:
-                self._worker.jobs.put(None)
-                self._worker = None
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.jobs.put(None)
+            if worker.thread is not threading.current_thread():
+                worker.thread.join(min(self.timeout, CLOSE_WAIT))
 
     # -- the dynamic restrictions, read by the handlers --
 
