@@ -437,7 +437,7 @@ def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
     show = ("ulimit -Hn; ulimit -Sn; umask; nice; cat /proc/self/oom_score_adj; "
             "cat /proc/self/personality; grep -E '^Sig(Ign|Blk)' /proc/self/status")
     show += "; chrt -p $$ | sed 's/.*: //'"
-    wrap = ("ulimit -Sn 200; ulimit -Hn 300; umask 027; trap '' HUP USR1; "
+    wrap = ("ulimit -Sn 200; ulimit -Hn 300; umask 027; trap '' HUP INT TERM USR1; "
             "echo 150 > /proc/self/oom_score_adj; "
             f"exec chrt --idle 0 setarch $(uname -m) -R nice -n 3 \"$@\" run -- "
             f"sh -c \"{show}\"")
@@ -449,6 +449,10 @@ def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
     assert "service: accepted" in b.stderr
     assert a.stdout.split("\n")[:6] == ["300", "200", "0027", "3", "150", "00040000"], a.stdout
     assert "SCHED_IDLE" in a.stdout
+    ignored = int(a.stdout.split("SigIgn:")[1].split()[0], 16)
+    trapped = sum(1 << (sig - 1) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM,
+                                             signal.SIGUSR1))
+    assert ignored & trapped == trapped, a.stdout
     assert (b.returncode, b.stdout) == (a.returncode, a.stdout)
     # What the service would not carry over (here MDWE: no memory both writable and
     # executable, which the caller cannot undo) makes the client run in-process.
@@ -1528,6 +1532,41 @@ def test_one_directory_reached_by_another_path_is_another_build(env, tmp_path):
         assert "not used: another working directory" in r.stderr, r.stderr
     finally:
         subprocess.run(["umount", str(alias)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount")
+def test_a_mount_since_the_build_ahead_is_another_build(env, tmp_path):
+    """The mount table is not read again at each call (~50 µs): a poll on it, opened before
+    the build read anything, reports a mount or unmount since (reads.mount_table). A
+    tmpfs mounted over the project since, and unmounted again, each make the sandbox
+    built ahead stale; the call sees what is mounted now."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    (proj / "data" / "f").write_text("disk\n")
+    env = dict(env, HOME=str(tmp_path))
+
+    def warm():
+        used, deadline = 0, time.monotonic() + 30
+        while used < 2:
+            r = client(env, "run", "-r", str(proj), "--", "ls", str(proj / "data"), debug=True)
+            assert r.returncode == 0, r.stderr
+            used = used + 1 if "prepared sandbox used" in r.stderr else 0
+            assert time.monotonic() < deadline, r.stderr
+            time.sleep(0.3)
+        time.sleep(1.0)
+    warm()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(proj / "data")], check=True)
+    try:
+        (proj / "data" / "g").write_text("tmpfs\n")
+        r = client(env, "run", "-r", str(proj), "--", "ls", str(proj / "data"), debug=True)
+        assert (r.returncode, r.stdout) == (0, "g\n"), r.stderr
+        assert "prepared sandbox not used: the mount table changed" in r.stderr, r.stderr
+        warm()  # built again under the mount, then used
+    finally:
+        subprocess.run(["umount", str(proj / "data")], check=True)
+    r = client(env, "run", "-r", str(proj), "--", "ls", str(proj / "data"), debug=True)
+    assert (r.returncode, r.stdout) == (0, "f\n"), r.stderr
+    assert "prepared sandbox not used: the mount table changed" in r.stderr, r.stderr
 
 
 def test_a_fifo_where_the_build_reads_a_file_never_stalls_it(env, tmp_path):

@@ -81,12 +81,14 @@ abandoned = ""  # what made prepare() give up (for the service's log)
 
 
 class _Prepared:
-    def __init__(self, payload, key, env, cwd, attrs, built, toolchain, watch: int,
-                 redo: dict, matter: dict):
+    def __init__(self, payload, key, env, cwd, attrs, built, toolchain, mounts: int,
+                 watch: int, redo: dict, matter: dict):
         self.payload = payload  # the inputs it was built from, as report() sent them
         self.key, self.env, self.cwd, self.attrs = key, env, cwd, attrs
         self.built, self.watch, self.redo, self.matter = built, watch, redo, matter
-        self.moved = False  # an event that matters was read (reads.moved)
+        self.mounts = mounts  # reads.mount_table(), opened before the build's reads
+        # an event that matters was read (reads.moved), or the mount table changed
+        self.moved = False
         # (toolchain.Toolchains, the grants it gave the build's command), or None where
         # the build consulted no toolchain (--strict, --no-system): the command's name
         # then builds nothing either.
@@ -149,6 +151,9 @@ class _Prepared:
             self.moved = self.moved or reads.moved(self.watch, self.matter)
             if self.moved:
                 return "a directory it read changed"
+            self.moved = reads.mount_table_changed(self.mounts)
+            if self.moved:
+                return "the mount table changed"
             return reads.changed(self.redo)
         except Exception as e:  # a check that cannot be made: a change
             return f"check failed ({e})"
@@ -169,6 +174,7 @@ class _Prepared:
 
     def close(self) -> None:
         os.close(self.watch)
+        os.close(self.mounts)
 
 
 def _cwd() -> tuple[int, int]:
@@ -224,8 +230,9 @@ def prepare(payload: bytes) -> bool:
         return True
     os.environ.clear()
     os.environ.update(env)
-    built = None
+    built, mounts = None, -1
     try:
+        mounts = reads.mount_table()  # before anything is read: a mount after it counts
         where, attrs = (_cwd(), os.getcwd()), _attributes()
         try:  # made now if missing, not by the call (cli.REGISTER_AFTER): the service's
             from .. import registry  # own directory, where the cover file lies, would
@@ -259,9 +266,6 @@ def prepare(payload: bytes) -> bool:
             return False
         if built is None:
             return True
-        # Mount changes raise no inotify event: the table is compared at use.
-        rec.deps.setdefault(("O", "/proc/self/mountinfo", 0),
-                            reads.opened("/proc/self/mountinfo", 0))
         try:
             watched = reads.watch(rec.deps, reads.mounts())
         except (OSError, ValueError, IndexError):  # the mount table unreadable, ...
@@ -278,9 +282,12 @@ def prepare(payload: bytes) -> bool:
             os.close(watched[0])
             return True
         _ready = _Prepared(payload, key, _compared(env), where, attrs, built,
-                           chains[0] if chains else None, *watched)
+                           chains[0] if chains else None, mounts, *watched)
+        mounts = -1  # _ready's
         return True
     finally:
+        if mounts >= 0:
+            os.close(mounts)
         os.environ.clear()
         os.environ.update(saved)
         os.chdir("/")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import stat
 import sys
 import threading
@@ -293,7 +294,30 @@ _ASKED_AHEAD = {"audit.enabled": (_ASKED["audit.enabled"][0].ask_enabled,
 # Filesystems whose changes inotify reports (made on this machine, through any path): a
 # read of anything else is redone at use instead (NFS, FUSE, ...: changed elsewhere).
 _LOCAL_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "f2fs", "bcachefs",
-                       "ramfs"})  # not overlay: its layers change beneath it unseen
+                       "ramfs", "devtmpfs"})  # not overlay: its layers change beneath it
+# unseen. (devtmpfs: /dev, whose nodes the kernel and udev make through the VFS, as any.)
+# Files whose contents the running kernel fixed at its start: neither watched nor redone.
+_CONSTANT = frozenset({"/proc/sys/kernel/cap_last_cap"})
+MOUNT_TABLE = "/proc/self/mountinfo"
+
+
+def mount_table() -> int:
+    """An fd on this process's mount table, opened before a build reads anything: its
+    poll() reports (POLLPRI) a mount, an unmount, a move or a remount in the namespace
+    since the open (proc(5); checked on this kernel), which inotify does not; asked in
+    microseconds where reading the table again and comparing took ~50 µs of every call.
+    A build's reads of the table are answered by it (watch() leaves them out): what
+    Sandlock reads there (sandlock.mountinfo: device, root, mount point, filesystem type)
+    changes only so. (A change of propagation type, which raises no report, changes
+    only fields nothing reads.) Once reported, the report is gone: one process asks, and
+    keeps the answer (mount_table_changed)."""
+    return os.open(MOUNT_TABLE, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def mount_table_changed(fd: int) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLPRI)
+    return any(ev & (select.POLLPRI | select.POLLERR | select.POLLNVAL) for _, ev in p.poll(0))
 
 
 def mounts() -> list[tuple[str, str]]:
@@ -304,7 +328,8 @@ def mounts() -> list[tuple[str, str]]:
 
 
 def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
-    """An inotify descriptor watching what a change to any of `deps` changes: each
+    """(The caller holds a mount_table() opened before `deps` were read.)
+    An inotify descriptor watching what a change to any of `deps` changes: each
     directory the kernel looks an entry up in to resolve a path read (from /, through
     `..` and symlinks as it takes them) and each directory listed (entries made,
     removed, renamed, their owner or mode changed; inotify.CHANGES); the deps it cannot
@@ -330,6 +355,8 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     for dep, seen in deps.items():
         if dep[0] == "Q":  # an answer from elsewhere than a file: asked again
             redo[dep] = seen
+            continue
+        if dep[1] in _CONSTANT or dep[1] == MOUNT_TABLE:  # the latter: mount_table()'s
             continue
         spelled = dep[1] if os.path.isabs(dep[1]) else os.path.join(os.getcwd(), dep[1])
         _, real = _resolve(spelled, look)
