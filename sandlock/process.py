@@ -231,7 +231,7 @@ class Process:
                     status = (self._killed_by_us,) + status[1:]
                 self._status = status
                 if self._session.runtime is not None:
-                    self._session.runtime.close()
+                    self._session.runtime.close(drain=self._killed_by_us is None)
                 if self._session.protection is not None:
                     self._session.protection.threads.close()
                 for cleanup in self._cleanup:

@@ -308,9 +308,12 @@ def mount_table() -> int:
     microseconds where reading the table again and comparing took ~50 µs of every call.
     A build's reads of the table are answered by it (watch() leaves them out): what
     Sandlock reads there (sandlock.mountinfo: device, root, mount point, filesystem type)
-    changes only so. (A change of propagation type, which raises no report, changes
-    only fields nothing reads.) Once reported, the report is gone: one process asks, and
-    keeps the answer (mount_table_changed)."""
+    changes by those, or by a rename of a mount point's ancestor or of a bind mount's
+    source, which the poll does not report but the watches on every path the build
+    looked up do (review: a bind's source renamed to ~/.aws was "a directory it read
+    changed"). A change of propagation type, unreported too, changes only fields
+    nothing reads. Once reported, the report is gone: one process asks, and keeps the
+    answer (mount_table_changed); nothing forks and asks beside it."""
     return os.open(MOUNT_TABLE, os.O_RDONLY | os.O_CLOEXEC)
 
 

@@ -168,7 +168,7 @@ class PolicyContext:
 
 
 MAX_ABANDONED = 8  # overrunning callbacks still running; past this, events are denied
-CLOSE_WAIT = 5.0  # seconds a run's end waits at most for the events still queued
+CLOSE_WAIT = 2.0  # seconds a run's end waits at most for the events still queued
 
 
 class _CallbackThread:
@@ -181,15 +181,17 @@ class _CallbackThread:
 
     def __init__(self, fn, ctx):
         self.abandoned = False
+        self.finished = False  # (under _count_lock) _serve has returned
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._serve, args=(fn, ctx), daemon=True,
                                        name="sandlock-policy-fn")
         self.thread.start()
 
     def abandon(self) -> None:
-        with self._count_lock:
-            _CallbackThread.abandoned_alive += 1
-        self.abandoned = True
+        with self._count_lock:  # counted while it runs: it uncounts itself as it ends
+            if not self.finished:
+                _CallbackThread.abandoned_alive += 1
+                self.abandoned = True
         self.jobs.put(None)
 
     def _serve(self, fn, ctx) -> None:
@@ -219,8 +221,9 @@ class _CallbackThread:
                 except Exception:
                     pass
         finally:
-            if self.abandoned:
-                with self._count_lock:
+            with self._count_lock:
+                self.finished = True
+                if self.abandoned:
                     _CallbackThread.abandoned_alive -= 1
 
 
@@ -322,17 +325,24 @@ class Runtime:
         if self.audit is not None:
             self.audit.record(**record)
 
-    def close(self) -> None:
-        """At the run's end: the events still queued (the last exit_group, observed and
-        continued at once) reach the callback before the run's result is returned, so
-        that what the callback saw and flagged is complete. Bounded: CLOSE_WAIT at most
-        (an overrunning callback then finishes on its own, as an abandoned one does)."""
+    def close(self, drain: bool = True) -> None:
+        """At the run's end. With `drain` (the program ended on its own), the events still
+        queued (the last exit_group, observed and continued at once) reach the callback
+        before the run's result is returned, so that what the callback saw and flagged
+        is complete; bounded by CLOSE_WAIT (and the callback's own timeout), past which
+        the worker is abandoned (counted in MAX_ABANDONED) and fails what is left. A run
+        ended by its timeout or kill() does not wait: its caller asked for a bounded
+        end (review: run(timeout=1) took 6 s beside a callback blocked on an event)."""
         with self._order:
             worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.jobs.put(None)
-            if worker.thread is not threading.current_thread():
-                worker.thread.join(min(self.timeout, CLOSE_WAIT))
+        if worker is None:
+            return
+        worker.jobs.put(None)
+        if not drain or worker.thread is threading.current_thread():
+            return
+        worker.thread.join(min(self.timeout, CLOSE_WAIT))
+        if worker.thread.is_alive():
+            worker.abandon()
 
     # -- the dynamic restrictions, read by the handlers --
 
