@@ -120,7 +120,8 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
              | (4 if overlay is not None else 0) | (8 if conf.protect_fd >= 0 else 0)
              | (128 if conf.private_shm else 0)
              | (16 if conf.send_listener else 0) | (32 if conf.landlock_log else 0)
-             | (64 if parked else 0) | passed << 8)
+             | (64 if parked else 0) | passed << 8
+             | (_ignored_signals() >> 31 & 3) << 24)  # 32, 33: sandlock-exec.c's main
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0", str(flags), rlimits,

@@ -407,6 +407,17 @@ static void send_listener(int listener) {
         _exit(127); /* the parent is gone, or the channel broke: never run unsupervised */
 }
 
+/* Signals 32 and 33 ignored where `ignored` (bit n-1: signal n) says, default otherwise:
+ * glibc's sigaction() refuses them (its own), so the kernel's call, with its struct
+ * (handler, flags, restorer, mask: all zero but the handler; mask size 8). */
+static void set_internal_signals(uint64_t ignored) {
+    for (int sig = 32; sig <= 33; sig++) {
+        uint64_t action[4] = {(ignored >> (sig - 1)) & 1 ? (uint64_t)(uintptr_t)SIG_IGN : 0,
+                              0, 0, 0};
+        syscall(SYS_rt_sigaction, sig, action, NULL, sizeof(uint64_t));
+    }
+}
+
 /* A parked start (F_PARKED): the child, forked and not yet in any namespace or
  * confinement, waits for its call on the status channel, one message: fds [stdin, stdout,
  * stderr, working directory] (SCM_RIGHTS) and
@@ -505,8 +516,9 @@ static void receive_call(const char **cwd, const char **exe, char ***args, char 
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = (ignored >> (sig - 1)) & 1 ? SIG_IGN : SIG_DFL;
-        sigaction(sig, &sa, NULL); /* the C library's own (32, 33) refuse: never ours */
+        sigaction(sig, &sa, NULL); /* the C library's own (32, 33) refuse: below */
     }
+    set_internal_signals(ignored);
 }
 
 /* The caller's SIGTERM disposition, the program's (restored in the fork's child below);
@@ -593,13 +605,6 @@ int main(int argc, char **argv) {
     memset(&term_default, 0, sizeof term_default);
     term_default.sa_handler = SIG_DFL;
     sigaction(SIGTERM, &term_default, &caller_term);
-    /* glibc's posix_spawn leaves its own signals (32, 33: thread cancellation, setxid)
-     * ignored in the child it execs, where the parent had its handlers: a program started
-     * by fork and exec has them default. Its sigaction() refuses them: the kernel's. */
-    for (int sig = 32; sig <= 33; sig++) {
-        uint64_t kernel_default[4] = {0};  /* handler SIG_DFL, no flags, restorer, mask */
-        syscall(SYS_rt_sigaction, sig, kernel_default, NULL, sizeof(uint64_t));
-    }
     /* sandlock-exec --probe-overlay LOWER UPPER WORK: can this user mount the overlay
      * backend's view here? Exits 0 if so (its private namespace ends with it). */
     if (argc == 5 && strcmp(argv[1], "--probe-overlay") == 0) {
@@ -629,9 +634,14 @@ int main(int argc, char **argv) {
     int privileged = (int)parse_num(argv[4], 10);
     int flags = (int)parse_num(argv[5], 10);
     int has_ruleset = flags & F_RULESET;
-    passed = flags >> 8;
+    passed = (flags >> 8) & 0xffff;
     if (cap_last > 63 || passed > MAX_PASSED)
         fail(ST_ARGS, EINVAL);
+    /* glibc's posix_spawn leaves its own signals (32, 33: thread cancellation, setxid)
+     * ignored in every child it execs: they get the caller's dispositions back, ignored
+     * only where the caller ignores them (bits 24, 25: F_IGNORES_32), as a program started
+     * by fork and exec would have them. */
+    set_internal_signals((uint64_t)(flags >> 24) << 31);
 
     /* Nothing the parent leaked (fds without O_CLOEXEC) reaches the program. */
     if (syscall(SYS_close_range, FD_PASSED + passed, ~0U, 0) < 0)
