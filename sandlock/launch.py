@@ -121,7 +121,7 @@ def _helper_argv(conf: Confinement, ruleset, exe: bytes, argv: list[bytes],
              | (128 if conf.private_shm else 0)
              | (16 if conf.send_listener else 0) | (32 if conf.landlock_log else 0)
              | (64 if parked else 0) | passed << 8
-             | (_ignored_signals() >> 31 & 3) << 24)  # 32, 33: sandlock-exec.c's main
+             | _internal_signals_ignored() << 24)  # 32, 33: sandlock-exec.c's main
     rights = format(conf.overlay_rights, "x") if overlay is not None else "-"
     return [HELPER, cwd or "-", format(conf.keep_caps, "x"), str(conf.cap_last),
             "1" if conf.cap_sets is not None else "0", str(flags), rlimits,
@@ -330,6 +330,19 @@ def _discard(begun: tuple, reap: bool = True) -> None:
     except OSError:
         pass
     os.close(pidfd)
+
+
+_INTERNAL_IGNORED: int | None = None
+
+
+def _internal_signals_ignored() -> int:
+    """Whether this process ignores glibc's own signals 32 and 33 (bits 0 and 1), which
+    glibc's posix_spawn ignores in every child: only ever inherited (glibc's sigaction,
+    and Python's signal module with it, refuse them), so read once."""
+    global _INTERNAL_IGNORED
+    if _INTERNAL_IGNORED is None:
+        _INTERNAL_IGNORED = _ignored_signals() >> 31 & 3
+    return _INTERNAL_IGNORED
 
 
 def _ignored_signals() -> int:

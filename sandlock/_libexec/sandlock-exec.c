@@ -639,8 +639,8 @@ int main(int argc, char **argv) {
         fail(ST_ARGS, EINVAL);
     /* glibc's posix_spawn leaves its own signals (32, 33: thread cancellation, setxid)
      * ignored in every child it execs: they get the caller's dispositions back, ignored
-     * only where the caller ignores them (bits 24, 25: F_IGNORES_32), as a program started
-     * by fork and exec would have them. */
+     * only where the caller ignores them (the flags' bits 24 and 25), as a program
+     * started by fork and exec would have them. */
     set_internal_signals((uint64_t)(flags >> 24) << 31);
 
     /* Nothing the parent leaked (fds without O_CLOEXEC) reaches the program. */
