@@ -259,7 +259,11 @@ def request(path, argv):
     body = b"SLK1" + struct.pack("<II", 1, len(argv)) + b"".join(a.encode() + b"\0" for a in argv)
     body += struct.pack("<I", 0)
     cwd = os.open(".", os.O_PATH)
-    s.sendmsg([body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("4i", 0, 1, 2, cwd))])
+    try:
+        s.sendmsg([body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                            struct.pack("4i", 0, 1, 2, cwd))])
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused (and closed) before the request went: the refusal is queued
     replies = [s.recv(512)]
     if replies[0] == b"A":
         s.send(b"G")
