@@ -120,14 +120,17 @@ def start_early() -> None:
     then only collects its result (~100 s it no longer adds). Nothing if this test would
     be skipped."""
     if IS_ROOT and not os.environ.get("SANDLOCK_NESTED_UNPRIVILEGED") and not _started:
-        _started.update(_start())
+        try:
+            _started.update(_start())
+        except Exception as e:  # the test's failure to report, not the session's
+            _started["error"] = e
 
 
 def stop_early() -> None:
     """At the session's end: a run the test never collected (the suite stopped first)."""
-    if _started:
+    if "runs" in _started:
         _finish(_started["runs"], _started["dir"])
-        _started.clear()
+    _started.clear()
 
 
 def _finish(runs: list, public: pathlib.Path) -> None:
@@ -181,6 +184,8 @@ def test_suite_passes_unprivileged():
     start_early()  # a no-op when it started at collection
     run_state = dict(_started)
     _started.clear()
+    if "error" in run_state:
+        raise run_state["error"]
     runs, public, work = run_state["runs"], run_state["dir"], run_state["work"]
     try:
         deadline = run_state["started"] + 600
