@@ -332,17 +332,13 @@ def _discard(begun: tuple, reap: bool = True) -> None:
     os.close(pidfd)
 
 
-_INTERNAL_IGNORED: int | None = None
-
-
 def _internal_signals_ignored() -> int:
     """Whether this process ignores glibc's own signals 32 and 33 (bits 0 and 1), which
-    glibc's posix_spawn ignores in every child: only ever inherited (glibc's sigaction,
-    and Python's signal module with it, refuse them), so read once."""
-    global _INTERNAL_IGNORED
-    if _INTERNAL_IGNORED is None:
-        _INTERNAL_IGNORED = _ignored_signals() >> 31 & 3
-    return _INTERNAL_IGNORED
+    glibc's posix_spawn ignores in every child. Asked at each start: glibc installs its
+    handler of 33 when the process starts its first thread (a process started by make
+    has both ignored until then)."""
+    from ._kernel import interrupt
+    return int(interrupt.ignored(32)) | int(interrupt.ignored(33)) << 1
 
 
 def _ignored_signals() -> int:

@@ -295,7 +295,18 @@ def test_the_program_keeps_the_caller_s_signal_dispositions(disposition):
     """As subprocess starts it: SIGINT and SIGTERM ignored by the caller (a shell's
     background job, a server that ignores them) stay ignored in the program, and nothing
     else is (the trampoline had reset both to default, and glibc's posix_spawn left its own
-    signals 32 and 33 ignored). Control: default, SIGTERM ends the program."""
+    signals 32 and 33 ignored). Control: default, SIGTERM ends the program.
+    Signals 32 and 33 are compared with this process's own (as posix_spawn's child, the
+    trampoline, cannot see them): Python's subprocess gives them back differently by how
+    it starts a child (under make, which leaves both ignored: only 32 with pipes)."""
+    # glibc installs its handler of 33 as a process starts its first thread (an ignored
+    # 33 inherited from make then ends): one started first, this process's dispositions
+    # stay those read here
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    t.join()
+    with open("/proc/self/status") as f:
+        mine = int(f.read().split("SigIgn:")[1].split()[0], 16)
     old = {sig: signal.signal(sig, disposition) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         r = sandbox().run(SHOW_SIGNALS, timeout=20)
@@ -303,8 +314,11 @@ def test_the_program_keeps_the_caller_s_signal_dispositions(disposition):
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-    assert r.stdout == bare.stdout, (r.stdout, bare.stdout)
     ignored = int(r.stdout.split()[1], 16)
+    low, internal = (1 << 31) - 1, 3 << 31
+    assert ignored & low == int(bare.stdout.split()[1], 16) & low, (r.stdout, bare.stdout)
+    assert ignored & internal == mine & internal, (r.stdout, hex(mine))
+    assert r.stdout.split()[2:] == bare.stdout.split()[2:], (r.stdout, bare.stdout)
     both = 1 << (signal.SIGINT - 1) | 1 << (signal.SIGTERM - 1)
     if disposition == signal.SIG_IGN:  # (others the suite inherited ignored: as bare)
         assert ignored & both == both and r.exit_code == 0

@@ -30,6 +30,7 @@ NR_PTRACE = 101
 NR_PERSONALITY = 135
 NR_IOPRIO_SET = 251
 NR_IOPRIO_GET = 252
+NR_RT_SIGACTION = 13
 
 
 def syscall(nr: int, *args) -> int:
