@@ -297,9 +297,8 @@ def _ending_signals() -> None:
     """SIGTERM and SIGHUP end the sandbox through the run's own cleanup, from before its
     start on (a default action would end this process with the sandbox's private TMPDIR
     left in the caller's); SIGINT, Ctrl-C, as it did (KeyboardInterrupt), and with them
-    one at a time. One its caller ignores (nohup, a background job) stays ignored here; in
-    the program a SIGHUP does too, while the trampoline gives SIGINT and SIGTERM their
-    defaults, as posix_spawn's setsigdef does."""
+    one at a time. One its caller ignores (nohup, a background job) stays ignored, here and
+    in the program, which is started with the caller's dispositions (launch.py)."""
     _ending.clear()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) != signal.SIG_IGN:

@@ -338,7 +338,7 @@ def _internal_signals_ignored() -> int:
     handler of 33 when the process starts its first thread (a process started by make
     has both ignored until then)."""
     from ._kernel import interrupt
-    return int(interrupt.ignored(32)) | int(interrupt.ignored(33)) << 1
+    return int(interrupt.disposition(32) == 1) | int(interrupt.disposition(33) == 1) << 1
 
 
 def _ignored_signals() -> int:

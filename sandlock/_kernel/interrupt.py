@@ -31,19 +31,16 @@ _lock = threading.Lock()
 _signal: int | None = None
 
 
-def _disposition(sig: int) -> int | None:
-    old = _Sigaction()
-    if libc.sigaction(sig, None, ctypes.byref(old)) != 0:
-        return None
-    return old.handler or 0
-
-
-def ignored(sig: int) -> bool:
-    """Whether `sig` is ignored in this process, asked of the kernel (rt_sigaction): glibc's
-    sigaction refuses its own signals (32, 33), even to tell. Its struct: handler first."""
+def disposition(sig: int) -> int | None:
+    """The handler of `sig` in this process (0: default, 1: ignored, else a function's
+    address), asked of the kernel (rt_sigaction; its struct has the handler first): glibc's
+    sigaction refuses its own signals (32, 33), even to tell. None if the kernel refuses."""
     old = (ctypes.c_uint64 * 4)()
-    syscall(NR_RT_SIGACTION, sig, None, ctypes.byref(old), 8)
-    return old[0] == 1  # SIG_IGN
+    try:
+        syscall(NR_RT_SIGACTION, sig, None, ctypes.byref(old), 8)
+    except OSError:
+        return None
+    return old[0]
 
 
 def _install() -> int | None:
@@ -54,7 +51,7 @@ def _install() -> int | None:
             return _signal
         noop = ctypes.cast(libc.getpid, ctypes.c_void_p).value
         for sig in range(signal.SIGRTMAX, signal.SIGRTMIN + 3, -1):
-            if _disposition(sig) != 0:  # 0 = SIG_DFL: nobody uses it
+            if disposition(sig) != 0:  # 0 = SIG_DFL: nobody uses it
                 continue
             # glibc's sigaction (not the raw syscall): it supplies the restorer.
             act = _Sigaction(noop)  # empty mask, no flags: no SA_RESTART
