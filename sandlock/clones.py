@@ -394,6 +394,10 @@ def _forked(report: _Report, n: int, timeout: float | None, outs: dict):
         elif parts[:1] == [b"F"]:
             vals = _ints(parts, 1)
             fork_ns = vals[0] if vals and vals[0] >= 0 else 0
+            if len(outs) < n:  # the fork loop sends F after its n P lines: an F before
+                if fd is not None:  # them is init_fn's (a thread it left), not the end
+                    os.close(fd)
+                continue
         elif parts[:1] == [b"E"]:
             failure = line.decode(errors="replace")[2:].strip()
         if fd is not None:

@@ -515,6 +515,20 @@ def test_forged_exit_and_timing_lines_do_not_break_wait():
     assert [c.exit_code for c in clones] == [0, 0, 0, 0]
 
 
+def _early_timing_init():
+    """init_fn ends the forking phase (F) before any clone is forked."""
+    _report_socket().send(b"F 5\n")
+
+
+def test_a_timing_line_before_the_clones_does_not_end_the_fork():
+    """The fork loop sends F after its n P lines: an earlier F (init_fn's, or a thread's
+    it left behind) is not the end of the forking phase."""
+    clones = mapper(init_fn=_early_timing_init, work_fn=lambda i: print(i),
+                    fs_readable=["/proc"]).fork(3, timeout=30).wait(timeout=30)
+    assert [c.stdout for c in clones] == [b"0\n", b"1\n", b"2\n"]
+    assert [c.exit_code for c in clones] == [0, 0, 0]
+
+
 def _hijacking_init():
     """init_fn claims both clones' outputs with one pipe's read end, sent twice, and ends
     the forking phase itself (F): fork() takes those as the outputs."""
