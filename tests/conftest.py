@@ -6,8 +6,10 @@ import json
 import os
 import shutil
 import socket
+import struct
 import sys
 import threading
+import time
 
 import pytest
 
@@ -121,7 +123,7 @@ class TcpServer:
         self.sock.bind((host, port))
         self.sock.listen(512)
         self.port = self.sock.getsockname()[1]
-        self.accepted = 0
+        self._accepted = 0
         self._stop = False
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -132,12 +134,36 @@ class TcpServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            self.accepted += 1
+            self._accepted += 1
             try:
                 conn.sendall(b"ok\n")
             except OSError:
                 pass
             conn.close()
+
+    @property
+    def accepted(self) -> int:
+        """Connections accepted so far, once none waits in the accept queue (bounded,
+        5 s): a client that connects and closes without reading has ended before this
+        server's thread took its connection."""
+        deadline = time.monotonic() + 5
+        while True:
+            count = self._accepted
+            if self._queued() == 0:
+                time.sleep(0.01)  # a connection taken off the queue but not yet counted
+                if self._queued() == 0 and self._accepted == count:
+                    return count
+            if time.monotonic() > deadline:
+                return self._accepted
+            time.sleep(0.005)
+
+    def _queued(self) -> int:
+        """The accept queue's length: tcp_info's tcpi_unacked, on a listening socket."""
+        try:
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        except OSError:  # closed
+            return 0
+        return struct.unpack_from("I", info, 24)[0]
 
     def close(self):
         self._stop = True
