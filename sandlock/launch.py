@@ -211,9 +211,10 @@ def _begin(conf, ruleset, helper_argv: list, env, stdio, pass_fds=(),
             HELPER, helper_argv, env, file_actions=_file_actions(placements), setpgroup=0,
             # Python's own ignored ones; the caller's SIGINT and SIGTERM stay as they are
             # (ignored under a shell's background job, nohup-like wrappers), as with
-            # subprocess; a handler of Python's is reset by the exec.
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-            setsigmask=())
+            # subprocess; a handler of Python's is reset by the exec. No setsigmask: the
+            # calling thread's blocked signals stay blocked in the program, as with
+            # subprocess (sandlock-exec.c gives the root a mask of its own).
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     except OSError as e:
         for fd in (status_w, ack_r, ack_w):
             os.close(fd)
@@ -252,9 +253,9 @@ class Parked:
     built ahead (service/prepared.py: a sandbox built ahead is used only by a caller whose
     process attributes are the spare's, which the trampoline has). Forked already into the
     sandbox's root and the program's process, which waits outside any namespace and
-    confinement for call(): its stdio, working directory, ignored signals, program,
-    arguments and environment (sandlock-exec.c, receive_call); everything after that
-    is a start's as ever. What it saves a call: posix_spawn, the trampoline's exec and its
+    confinement for call(): its stdio, working directory, ignored and blocked signals,
+    program, arguments and environment (sandlock-exec.c, receive_call); everything after
+    that is a start's as ever. What it saves a call: posix_spawn, the trampoline's exec and its
     fork (~0.45 ms of a warm `sandlock run`, measured in the serving child). Used once, or
     discarded (killed, reaped)."""
 
@@ -309,7 +310,7 @@ def _call_message(exe: bytes, argv: list[bytes], env, cwd: str | None) -> bytes:
     if not argv or any(b"\0" in a for a in [exe, *argv]):
         raise ValueError("embedded null byte")
     return b"".join([
-        struct.pack("<Q", _ignored_signals()),
+        struct.pack("<QQ", _ignored_signals(), _blocked_signals()),
         os.fsencode(cwd) if cwd else b"-", b"\0", exe, b"\0",
         struct.pack("<I", len(argv)), *(a + b"\0" for a in argv),
         struct.pack("<I", len(strings)), *(e + b"\0" for e in strings)])
@@ -349,6 +350,12 @@ def _ignored_signals() -> int:
             if line.startswith("SigIgn:"):
                 return int(line.split()[1], 16)
     return 0
+
+
+def _blocked_signals() -> int:
+    """The calling thread's blocked signals (bit n-1: signal n), which a program it
+    starts with posix_spawn would inherit."""
+    return sum(1 << (int(sig) - 1) for sig in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 
 
 _parked: Parked | None = None  # this process's one parked start (a spare has one sandbox)

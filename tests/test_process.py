@@ -329,6 +329,25 @@ def test_the_program_keeps_the_caller_s_signal_dispositions(disposition):
         assert bare.returncode == -signal.SIGTERM
 
 
+def test_the_program_keeps_the_caller_s_blocked_signals():
+    """As subprocess starts it: signals the calling thread blocks stay blocked in the
+    program (posix_spawn had been given an empty mask). Control: the same run once the
+    caller's mask is back has none blocked."""
+    show = ["grep", "^SigBlk", "/proc/self/status"]
+    blocked = {signal.SIGINT, signal.SIGUSR2, signal.SIGWINCH, signal.SIGRTMIN + 3}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        r = sandbox().run(show, timeout=20)
+        bare = subprocess.run(show, capture_output=True, timeout=20)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    mask = sum(1 << (sig - 1) for sig in blocked)
+    assert int(r.stdout.split()[1], 16) == int(bare.stdout.split()[1], 16) == mask, \
+        (r.stdout, bare.stdout)
+    control = sandbox().run(show, timeout=20)
+    assert int(control.stdout.split()[1], 16) == 0, control.stdout
+
+
 def test_a_double_forked_daemon_is_killed_at_the_end(tmp_path):
     tag = f"daemon-{os.getpid()}"
     r = sandbox().run(["sh", "-c", f"(setsid sh -c 'exec -a {tag} sleep 60' &) ; sleep 0.2; "

@@ -435,16 +435,20 @@ def test_a_chrooted_process_neither_uses_nor_impersonates_the_service(env, jail,
 
 
 def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
-    """Limits, nice value, umask, OOM score, execution domain, ignored signals: what the
-    caller has (read from the kernel, not from what the client says), as in-process."""
+    """Limits, nice value, umask, OOM score, execution domain, ignored and blocked
+    signals: what the caller has (read from the kernel, not from what the client says),
+    as in-process."""
     _wait_served(env)
     show = ("ulimit -Hn; ulimit -Sn; umask; nice; cat /proc/self/oom_score_adj; "
             "cat /proc/self/personality; grep -E '^Sig(Ign|Blk)' /proc/self/status")
     show += "; chrt -p $$ | sed 's/.*: //'"
+    block = ("import os, signal, sys\n"
+             "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2, signal.SIGWINCH})\n"
+             "os.execvp(sys.argv[1], sys.argv[1:])")
     wrap = ("ulimit -Sn 200; ulimit -Hn 300; umask 027; trap '' HUP INT TERM USR1; "
             "echo 150 > /proc/self/oom_score_adj; "
-            f"exec chrt --idle 0 setarch $(uname -m) -R nice -n 3 \"$@\" run -- "
-            f"sh -c \"{show}\"")
+            f"exec chrt --idle 0 setarch $(uname -m) -R nice -n 3 {sys.executable} -c "
+            f"'{block}' \"$@\" run -- bash -c \"{show}\"")  # dash clears the mask
     a = subprocess.run(["sh", "-c", wrap, "sh", *IN_PROCESS], env=env, capture_output=True,
                        text=True, timeout=60, stdin=subprocess.DEVNULL)
     b = subprocess.run(["sh", "-c", wrap, "sh", CLIENT], capture_output=True, text=True,
@@ -459,6 +463,8 @@ def test_the_command_gets_the_caller_s_attributes_not_the_service_s(env):
     trapped = sum(1 << (sig - 1) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM,
                                              signal.SIGUSR1))
     assert ignored & trapped == trapped, a.stdout
+    blocked = int(a.stdout.split("SigBlk:")[1].split()[0], 16)
+    assert blocked == 1 << (signal.SIGUSR2 - 1) | 1 << (signal.SIGWINCH - 1), a.stdout
     assert (b.returncode, b.stdout) == (a.returncode, a.stdout)
     # What the service would not carry over (here MDWE: no memory both writable and
     # executable, which the caller cannot undo) makes the client run in-process.
@@ -987,8 +993,8 @@ def _exe_name(pid):
 def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tmp_path):
     """A spare starts its sandbox's trampoline ahead (launch.Parked): forked, waiting
     outside any namespace and confinement for the call. The call's stdio, working
-    directory, environment, arguments, exit status and ignored signals reach the program
-    as from a fresh start (the in-process CLI, compared), and the program is confined
+    directory, environment, arguments, exit status, ignored and blocked signals reach the
+    program as from a fresh start (the in-process CLI, compared), and the program is confined
     all the same. A trampoline a spare no longer needs is killed, not left behind."""
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
@@ -996,11 +1002,15 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
     secret.write_text("s3cret\n")
     env = dict(env, SL_VAR="v a l")
     script = ("pwd; echo \"$SL_VAR\"; printf '[%s]' \"$@\"; echo; cat; "
-              "grep -E '^SigIgn' /proc/self/status; echo to-stderr >&2; "
-              f"cat {secret} || echo denied; cat /etc/hostname >/dev/null && echo allowed; "
-              "exit 7")
-    argv = ["run", "--", "sh", "-c", script, "sh", "one two", "thrée"]
-    ignore_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731
+              "grep -E '^SigIgn' /proc/self/status; grep -E '^SigBlk' /proc/self/status; "
+              f"echo to-stderr >&2; cat {secret} || echo denied; "
+              "cat /etc/hostname >/dev/null && echo allowed; exit 7")
+    # bash: dash clears the blocked-signal mask it starts with
+    argv = ["run", "--", "bash", "-c", script, "sh", "one two", "thrée"]
+
+    def ignore_hup():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
     seen = []
     for _ in range(20):
         r = client(env, *argv, debug=True, cwd=work / "sub", input="in-put\n", stdin=None,
@@ -1018,6 +1028,7 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
     lines = r.stdout.splitlines()
     assert lines[:4] == [str(work / "sub"), "v a l", "[one two][thrée]", "in-put"], lines
     assert int(lines[4].split()[1], 16) & 1 << (signal.SIGHUP - 1), lines  # still ignored
+    assert int(lines[5].split()[1], 16) == 1 << (signal.SIGUSR2 - 1), lines  # blocked
     assert "denied" in lines and "s3cret" not in r.stdout and "allowed" in lines, lines
     assert "to-stderr" in r.stderr
     # Without SIGHUP ignored, the same sandbox built ahead: not ignored in the program.
@@ -1027,6 +1038,7 @@ def test_a_trampoline_started_ahead_runs_the_call_as_a_fresh_start_would(env, tm
     # under nohup (a suite run so: the client inherits its SIGHUP ignored)
     assert "its trampoline started ahead took the call" in r.stderr, r.stderr
     assert not int(r.stdout.splitlines()[4].split()[1], 16) & 1 << (signal.SIGHUP - 1)
+    assert int(r.stdout.splitlines()[5].split()[1], 16) == 0, r.stdout
     # A parked start that died meanwhile (its waiting program killed): the call starts
     # afresh, nothing lost.
     time.sleep(1.0)

@@ -407,6 +407,12 @@ static void send_listener(int listener) {
         _exit(127); /* the parent is gone, or the channel broke: never run unsupervised */
 }
 
+/* The blocked-signal mask (bit n-1: signal n), set by the kernel's call: glibc's
+ * sigprocmask() drops its own signals (32, 33) from a mask it sets. */
+static void set_blocked(uint64_t blocked) {
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &blocked, NULL, sizeof blocked);
+}
+
 /* Signals 32 and 33 ignored where `ignored` (bit n-1: signal n) says, default otherwise:
  * glibc's sigaction() refuses them (its own), so the kernel's call, with its struct
  * (handler, flags, restorer, mask: all zero but the handler; mask size 8). */
@@ -421,12 +427,13 @@ static void set_internal_signals(uint64_t ignored) {
 /* A parked start (F_PARKED): the child, forked and not yet in any namespace or
  * confinement, waits for its call on the status channel, one message: fds [stdin, stdout,
  * stderr, working directory] (SCM_RIGHTS) and
- *   u64 ignored-signal mask (bit n-1: signal n), CWD\0, EXE\0,
+ *   u64 ignored-signal mask, u64 blocked-signal mask (bit n-1: signal n), CWD\0, EXE\0,
  *   u32 argc, argc strings\0, u32 envc, envc strings\0  (integers little-endian).
  * It takes them as posix_spawn would have given them: stdio at 0-2, the working directory
  * entered by fd (before the namespaces, which carry it over like an inherited one), each
  * signal ignored or default (SIGPIPE and SIGXFSZ stay default: posix_spawn's setsigdef;
- * Python ignores them itself, a caller's do not reach it); every other attribute is the
+ * Python ignores them itself, a caller's do not reach it), the caller's blocked signals
+ * blocked (as posix_spawn's child inherits its caller's mask); every other attribute is the
  * parent's, which sends a call only to a start made with the caller's attributes
  * (service/prepared.py). End-of-file: the parent went away, nothing runs. */
 static uint32_t call_u32(const char *buf, size_t len, size_t *pos) {
@@ -485,11 +492,12 @@ static void receive_call(const char **cwd, const char **exe, char ***args, char 
     if (!got || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
         fail(ST_CALL, EINVAL);
     size_t len = (size_t)n, pos = 0;
-    uint64_t ignored;
-    if (len < sizeof ignored)
+    uint64_t ignored, blocked;
+    if (len < sizeof ignored + sizeof blocked)
         fail(ST_CALL, EINVAL);
     memcpy(&ignored, buf, sizeof ignored);
-    pos = sizeof ignored;
+    memcpy(&blocked, buf + sizeof ignored, sizeof blocked);
+    pos = sizeof ignored + sizeof blocked;
     *cwd = call_string(buf, len, &pos);
     *exe = call_string(buf, len, &pos);
     *args = call_strings(buf, len, &pos);
@@ -519,12 +527,17 @@ static void receive_call(const char **cwd, const char **exe, char ***args, char 
         sigaction(sig, &sa, NULL); /* the C library's own (32, 33) refuse: below */
     }
     set_internal_signals(ignored);
+    set_blocked(blocked);
 }
 
 /* The caller's SIGTERM disposition, the program's (restored in the fork's child below);
  * the trampoline and the root take the default from their first instruction on: their
  * parent's SIGTERM and its death must end them even where the caller ignores it. */
 static struct sigaction caller_term;
+/* The caller's blocked signals (posix_spawn's child inherits its caller's mask, as a
+ * program started by subprocess or a shell does): the program's, restored in the fork's
+ * child below; the root blocks exactly what it reads from its signalfd. */
+static uint64_t caller_blocked;
 
 /* Fork: the parent becomes the sandbox's root (never returns), the child goes on. */
 static void become_root_of_tree(void) {
@@ -532,9 +545,8 @@ static void become_root_of_tree(void) {
     /* Blocked first, for its signalfd: a blocked signal is queued even where the caller
      * ignores it (SIGTERM may be, and the program keeps that), so the death signal
      * below is never dropped. */
-    sigset_t set, none;
+    sigset_t set;
     sigemptyset(&set);
-    sigemptyset(&none);
     sigaddset(&set, SIGCHLD);
     sigaddset(&set, SIGTERM);
     sigprocmask(SIG_BLOCK, &set, NULL);
@@ -557,7 +569,7 @@ static void become_root_of_tree(void) {
     if (child == 0) {
         sigaction(SIGCHLD, &chld_caller, NULL);
         sigaction(SIGTERM, &caller_term, NULL);
-        sigprocmask(SIG_SETMASK, &none, NULL);
+        set_blocked(caller_blocked);
         close(FD_CONTROL);
         /* The program ends with its root, whatever ends the root. */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
@@ -567,6 +579,7 @@ static void become_root_of_tree(void) {
         report(ST_CHILD, (int)getpid());
         return;
     }
+    sigprocmask(SIG_SETMASK, &set, NULL);  /* none of the caller's blocked ones */
     for (int fd = FD_STATUS; fd <= FD_PROTECT; fd++)
         close(fd);
     for (int fd = FD_PASSED; fd < FD_PASSED + passed; fd++)
@@ -601,6 +614,7 @@ static int load_seccomp(void) {
 }
 
 int main(int argc, char **argv) {
+    syscall(SYS_rt_sigprocmask, SIG_BLOCK, NULL, &caller_blocked, sizeof caller_blocked);
     struct sigaction term_default;
     memset(&term_default, 0, sizeof term_default);
     term_default.sa_handler = SIG_DFL;
