@@ -248,14 +248,15 @@ def _protection_notes(policy) -> list[str]:
         return []
     how = {"mounts": "kernel mounts in the sandbox's own namespace",
            "landlock": "Landlock rules and the supervisor (no namespace here)"}
-    out = [f"protecting the user's files by {how.get(policy.protect_mode, '?')}"]
+    from .protect import mode, notice
+    way = policy.protect_mode or mode()  # not probed for a plan with nothing to enforce
+    out = [f"protecting the user's files by {how[way]}"]
     out += [f"hidden {p}" for p in plan.hidden]
     out += [f"read-only {p}" for p in plan.readonly]
     if plan.guarded:
         out.append(f"never created: {len(plan.guarded)} startup/config paths "
                    f"(e.g. {plan.guarded[0]}), .envrc/.vscode/.idea and .git hooks")
-    from .protect import notice
-    extra = notice(plan, policy.protect_mode)
+    extra = notice(plan, way)
     if extra:
         out.append(f"note: {extra}")
     return out

@@ -98,7 +98,8 @@ class Policy:
     private_shm: bool = False        # ... and a /dev/shm of its own (private_tmp.shm_refusal)
     write_excluded: tuple = ()       # paths writable grants must not cover (fs_rules)
     protection: object = None        # home_policy.HomePlan (protect_user_files), or None
-    protect_mode: str = ""           # "mounts" or "landlock" (sandlock.protect)
+    protect_mode: str = ""           # "mounts" or "landlock" (sandlock.protect); "" for an
+    #                                  empty protection plan (nothing to enforce)
     limits: object = None            # sandlock.limits.Limits
     waived: frozenset = frozenset()  # features.Protection given up explicitly (disable=)
     explain: bool = False            # record refused file accesses (supervisor.explain)
@@ -548,7 +549,8 @@ def build_policy(fields: dict, deny_syscalls: frozenset[str]) -> Policy:
         # A workdir is written through its layer: its tree is protected as a grant's is.
         wd = (workspace.workdir,) if workspace is not None else ()
         protection = _protect.user_plan(readable, writable + wd, denied)
-        protect_mode = _protect.mode()
+        # Probed (a throwaway trampoline, ~1 ms) only for a plan with something to enforce
+        protect_mode = _protect.mode() if not protection.empty else ""
         if protect_mode == "landlock":
             denied += tuple(h for h in protection.hidden if h not in denied)
     private_tmp = _private_tmp(fields.get("private_tmp"), workspace)
