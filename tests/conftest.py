@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import socket
 import struct
 import sys
 import threading
-import time
 
 import pytest
 
@@ -124,6 +124,8 @@ class TcpServer:
         self.sock.listen(512)
         self.port = self.sock.getsockname()[1]
         self._accepted = 0
+        self._lock = threading.Lock()  # an accept and its count, as one step
+        self.sock.setblocking(False)  # accept() under the lock never waits
         self._stop = False
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -131,11 +133,16 @@ class TcpServer:
     def _serve(self):
         while not self._stop:
             try:
-                conn, _ = self.sock.accept()
-            except OSError:
+                select.select([self.sock], [], [])
+                with self._lock:
+                    conn, _ = self.sock.accept()
+                    self._accepted += 1
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):  # shut down, closed
                 return
-            self._accepted += 1
             try:
+                conn.setblocking(True)
                 conn.sendall(b"ok\n")
             except OSError:
                 pass
@@ -143,19 +150,11 @@ class TcpServer:
 
     @property
     def accepted(self) -> int:
-        """Connections accepted so far, once none waits in the accept queue (bounded,
-        5 s): a client that connects and closes without reading has ended before this
-        server's thread took its connection."""
-        deadline = time.monotonic() + 5
-        while True:
-            count = self._accepted
-            if self._queued() == 0:
-                time.sleep(0.01)  # a connection taken off the queue but not yet counted
-                if self._queued() == 0 and self._accepted == count:
-                    return count
-            if time.monotonic() > deadline:
-                return self._accepted
-            time.sleep(0.005)
+        """Connections made so far: those accepted, and those in the accept queue (a
+        client that connects and closes without reading may end before this server's
+        thread takes its connection)."""
+        with self._lock:
+            return self._accepted + self._queued()
 
     def _queued(self) -> int:
         """The accept queue's length: tcp_info's tcpi_unacked, on a listening socket."""

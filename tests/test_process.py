@@ -348,6 +348,31 @@ def test_the_program_keeps_the_caller_s_blocked_signals():
     assert int(control.stdout.split()[1], 16) == 0, control.stdout
 
 
+def test_glibc_s_own_signals_are_never_blocked_in_the_program():
+    """A caller with glibc's 32 and 33 blocked (the kernel's call: glibc refuses them):
+    subprocess's child has them unblocked, and so has the program (the mask had been
+    passed through raw), with the caller's other blocked signals kept."""
+    import ctypes
+    show = ["grep", "^SigBlk", "/proc/self/status"]
+    mask = 3 << 31 | 1 << (signal.SIGUSR1 - 1)
+    out = {}
+
+    def in_a_thread():  # its own mask: this one's threads keep theirs
+        raw = ctypes.c_uint64(mask)
+        ctypes.CDLL(None).syscall(14, 0, ctypes.byref(raw), None, 8)  # rt_sigprocmask
+        with open("/proc/thread-self/status") as f:
+            out["self"] = int(f.read().split("SigBlk:")[1].split()[0], 16)
+        out["sandbox"] = sandbox().run(show, timeout=20).stdout
+        out["bare"] = subprocess.run(show, capture_output=True, timeout=20).stdout
+    t = threading.Thread(target=in_a_thread)
+    t.start()
+    t.join(60)
+    assert out["self"] == mask, out  # the caller had them blocked
+    expected = 1 << (signal.SIGUSR1 - 1)
+    assert int(out["sandbox"].split()[1], 16) == int(out["bare"].split()[1], 16) == expected, \
+        out
+
+
 def test_a_double_forked_daemon_is_killed_at_the_end(tmp_path):
     tag = f"daemon-{os.getpid()}"
     r = sandbox().run(["sh", "-c", f"(setsid sh -c 'exec -a {tag} sleep 60' &) ; sleep 0.2; "

@@ -407,9 +407,12 @@ static void send_listener(int listener) {
         _exit(127); /* the parent is gone, or the channel broke: never run unsupervised */
 }
 
-/* The blocked-signal mask (bit n-1: signal n), set by the kernel's call: glibc's
- * sigprocmask() drops its own signals (32, 33) from a mask it sets. */
+/* The blocked-signal mask (bit n-1: signal n), set by the kernel's call, never with
+ * glibc's own signals (32, 33): a child of subprocess or of a shell starts with them
+ * unblocked (glibc's fork and posix_spawn clear them), whatever its caller had. */
+#define INTERNAL_SIGNALS (3ULL << 31)
 static void set_blocked(uint64_t blocked) {
+    blocked &= ~INTERNAL_SIGNALS;
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &blocked, NULL, sizeof blocked);
 }
 

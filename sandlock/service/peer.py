@@ -262,4 +262,6 @@ def take_signals(attrs: dict) -> None:
             _signal.signal(sig, handler)
         except (OSError, ValueError):
             pass  # a signal the C library reserves for itself (32, 33)
-    _signal.pthread_sigmask(signal.SIG_SETMASK, attrs["blocked"])
+    # glibc's own 32 and 33 are refused (a warning each): its fork and posix_spawn
+    # clear them in a child anyway, as sandlock-exec.c does
+    _signal.pthread_sigmask(signal.SIG_SETMASK, attrs["blocked"] - {32, 33})
