@@ -82,13 +82,15 @@ abandoned = ""  # what made prepare() give up (for the service's log)
 
 class _Prepared:
     def __init__(self, payload, key, env, cwd, attrs, built, toolchain, mounts: int,
-                 watch: int, redo: dict, matter: dict):
+                 watch: int, redo: dict, matter: dict, where: dict):
         self.payload = payload  # the inputs it was built from, as report() sent them
         self.key, self.env, self.cwd, self.attrs = key, env, cwd, attrs
         self.built, self.watch, self.redo, self.matter = built, watch, redo, matter
+        self.where = where  # each watch's directory
         self.mounts = mounts  # reads.mount_table(), opened before the build's reads
-        # an event that matters was read (reads.moved), or the mount table changed
-        self.moved = False
+        # why it is stale, once an event that matters was read (reads.moved: where), or
+        # once the mount table changed; "" until then
+        self.moved = ""
         # (toolchain.Toolchains, the grants it gave the build's command), or None where
         # the build consulted no toolchain (--strict, --no-system): the command's name
         # then builds nothing either.
@@ -148,12 +150,14 @@ class _Prepared:
     def read_changed(self) -> str | None:
         """What the build read that has changed since, or None."""
         try:
-            self.moved = self.moved or reads.moved(self.watch, self.matter)
+            if not self.moved:
+                self.moved = reads.moved(self.watch, self.matter, self.where) or ""
             if self.moved:
-                return "a directory it read changed"
-            self.moved = reads.mount_table_changed(self.mounts)
-            if self.moved:
-                return "the mount table changed"
+                return self.moved if self.moved == "the mount table changed" else (
+                    f"a directory it read changed ({self.moved})")
+            if reads.mount_table_changed(self.mounts):
+                self.moved = "the mount table changed"
+                return self.moved
             return reads.changed(self.redo)
         except Exception as e:  # a check that cannot be made: a change
             return f"check failed ({e})"
@@ -312,13 +316,13 @@ def idle() -> bool:
         return False
     from .._kernel import inotify
     try:
-        hit = reads.moved(_ready.watch, _ready.matter)
+        hit = reads.moved(_ready.watch, _ready.matter, _ready.where)
         if hit:
             inotify.drain(_ready.watch)  # the rest adds nothing to that
-    except OSError:
-        hit = True
-    _ready.moved = _ready.moved or hit
-    return hit
+    except OSError as e:
+        hit = f"its events unreadable ({e.strerror})"
+    _ready.moved = _ready.moved or hit or ""
+    return bool(hit)
 
 
 def stale_inputs() -> bytes | None:

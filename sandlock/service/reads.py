@@ -330,7 +330,7 @@ def mounts() -> list[tuple[str, str]]:
                   key=lambda m: -len(m[0]))
 
 
-def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
+def watch(deps: dict, mounts) -> tuple[int, dict, dict, dict] | None:
     """(The caller holds a mount_table() opened before `deps` were read.)
     An inotify descriptor watching what a change to any of `deps` changes: each
     directory the kernel looks an entry up in to resolve a path read (from /, through
@@ -341,7 +341,8 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     filesystem not in _LOCAL_FS; and which events matter (moved()): in a directory listed,
     any; in one a path goes through, those on the entry it looks up there and on the
     directory itself, not on its other entries (another file made in /tmp or the home
-    changes nothing the build read). None if a watch cannot be set (no instance or watch
+    changes nothing the build read); and each watch's directory (what moved() names). None
+    if a watch cannot be set (no instance or watch
     left for this user, ...), or if what the paths resolve through changed meanwhile."""
     from .._kernel import inotify
     points = {}  # mount point -> the filesystem type of the one seen there: the last
@@ -375,6 +376,7 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     except OSError:
         return None
     matter: dict[int, set | None] = {}  # watch descriptor -> names[] of its directory
+    where: dict[int, str] = {}  # watch descriptor -> its directory (as first spelled)
     try:
         for d, wanted in names.items():
             try:
@@ -383,6 +385,7 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
                 if e.errno not in (errno.ENOENT, errno.ENOTDIR):
                     raise  # gone or not a directory: its parent's watch sees it come
                 continue
+            where.setdefault(wd, d)
             if wanted is None or matter.get(wd, set()) is None:
                 matter[wd] = None  # two spellings of one directory: either's names
             else:
@@ -393,7 +396,7 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict] | None:
     if _lookups(chosen, _looker()) != names:  # a symlink re-pointed... before the watches
         os.close(fd)
         return None
-    return fd, redo, matter
+    return fd, redo, matter, where
 
 
 def _looker():
@@ -488,19 +491,21 @@ def _casefolded(path: str) -> bool:
     return bool(flags & _FS_CASEFOLD_FL)
 
 
-def moved(fd: int, matter: dict) -> bool:
-    """Whether an event queued on watch()'s `fd` matters (its `matter`): one on a listed
-    directory, on a directory itself, on an entry a path read goes through, or an event
-    of no known watch (an overflow: wd -1, or more events queued than inotify.events
-    parses at once, ~2,000, which a spare reading them every 0.1 s while it waits meets
-    only beside ~20,000 changes a second; a watch the kernel dropped). The events are
-    read: the caller keeps the answer."""
+def moved(fd: int, matter: dict, where: dict) -> str | None:
+    """Where an event queued on watch()'s `fd` that matters (its `matter`) happened, or
+    None: one on a listed directory, on a directory itself, on an entry a path read goes
+    through, or an event of no known watch (an overflow: wd -1, or more events queued
+    than inotify.events parses at once, ~2,000, which a spare reading them every 0.1 s
+    while it waits meets only beside ~20,000 changes a second; a watch the kernel
+    dropped). The events are read: the caller keeps the answer."""
     from .._kernel import inotify
     for wd, name in inotify.events(fd):
         wanted = matter.get(wd, ())
         if wd not in matter or wanted is None or not name or name in wanted:
-            return True
-    return False
+            if wd not in where:
+                return "inotify's queue overflowed, or a watch was dropped"
+            return os.path.join(where[wd], os.fsdecode(name)) if name else where[wd]
+    return None
 
 
 @contextlib.contextmanager
