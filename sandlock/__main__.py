@@ -25,4 +25,7 @@ def _leave(status) -> None:
     os._exit(status & 0xFF)
 
 
+if sys.argv[1:2] in (["run"], ["net-run"], ["pipe"]):  # the CLI's one-shot commands (the
+    from . import root_only                           # service, mcp-wrap: long-lived)
+    root_only.one_shot()
 _leave(main())

@@ -19,6 +19,9 @@ must be the one the scan saw. Invariants:
 Processes forked from one that scanned share its inotify descriptor: they never drain it
 (that would hide events from the others), they only look whether events are queued; the
 process that made the watcher drains, and counts each drain in a page all of them share.
+A process that builds a sandbox or two and ends (the in-process CLI: one_shot()) scans at
+every call and watches nothing: its ~140 watches cost more to set, and to tear down at its
+exit (~9 ms here), than a scan.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ _seen = -1                    # the drain count the cached scan is valid for
 _mounts = b""                 # the mount table the cached scan saw
 _cached: tuple[str, ...] | None = None
 _expires = 0.0
+_one_shot = False             # one_shot(): every call scans, nothing is watched
 
 
 def _pending() -> bool:
@@ -136,6 +140,8 @@ def files() -> tuple[str, ...]:
     takes listing from the directories above it)."""
     global _cached, _seen, _expires, _mounts
     with _lock:
+        if _one_shot and _fd < 0:
+            return _scan()[0]  # with no inotify descriptor: nothing is watched
         now = time.monotonic()
         if _fd < 0 and now >= _retry_at:
             _start(now)
@@ -154,6 +160,13 @@ def files() -> tuple[str, ...]:
             _give_up(now)
         _cached, _seen, _expires, _mounts = result, seen, now + MAX_AGE, mounts
         return result
+
+
+def one_shot() -> None:
+    """This process builds its sandboxes and ends: files() scans at every call, and sets
+    no watch (sandlock/__main__.py, for run, net-run and pipe)."""
+    global _one_shot
+    _one_shot = True
 
 
 def forget() -> None:

@@ -121,3 +121,23 @@ def test_a_scanned_root_made_later_is_seen_at_once(tmp_path, monkeypatch):
     assert root_only.files() == (str(late / "key"),)
     monkeypatch.undo()
     root_only.forget()
+
+
+def test_the_in_process_cli_scans_without_watching(etc_file):
+    """`python -m sandlock run` builds one sandbox and ends: it scans at each call and sets
+    no inotify watch (their teardown cost its exit ~9 ms), and the root-only file is still
+    denied; the control, the same file readable by others, is read."""
+    import sys
+    env = dict(os.environ, SANDLOCK_SERVICE="0")
+    cmd = [sys.executable, "-m", "sandlock", "run", "--", "cat", etc_file]
+    os.chmod(etc_file, 0o600)
+    strace = shutil.which("strace")
+    if strace:
+        r = subprocess.run([strace, "-f", "-qq", "-e", "trace=inotify_add_watch", *cmd],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert "inotify_add_watch" not in r.stderr, r.stderr[-500:]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
+    os.chmod(etc_file, 0o644)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "x\n", r.stderr
