@@ -19,9 +19,10 @@ must be the one the scan saw. Invariants:
 Processes forked from one that scanned share its inotify descriptor: they never drain it
 (that would hide events from the others), they only look whether events are queued; the
 process that made the watcher drains, and counts each drain in a page all of them share.
-A process that builds a sandbox or two and ends (the in-process CLI: one_shot()) scans at
-every call and watches nothing: its ~140 watches cost more to set, and to tear down at its
-exit (~9 ms here), than a scan.
+A process that builds a sandbox or two and ends (the in-process CLI: one_shot()) watches
+nothing: its ~140 watches cost more to set, and to tear down at its exit (~9 ms here), than
+a scan. It reuses a scan for ONE_SHOT_AGE at most (a build asks twice), with the same mount
+table, as a build made that much earlier would have seen it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ._kernel import inotify
 
 SCAN = ("/etc", "/usr/local/etc")
 MAX_AGE = 60.0
+ONE_SHOT_AGE = 1.0
 
 _lock = threading.Lock()
 _fd = -1                      # the inotify descriptor, or -1
@@ -49,7 +51,7 @@ _seen = -1                    # the drain count the cached scan is valid for
 _mounts = b""                 # the mount table the cached scan saw
 _cached: tuple[str, ...] | None = None
 _expires = 0.0
-_one_shot = False             # one_shot(): every call scans, nothing is watched
+_one_shot = False             # one_shot(): nothing watched, a scan reused ONE_SHOT_AGE
 
 
 def _pending() -> bool:
@@ -140,10 +142,8 @@ def files() -> tuple[str, ...]:
     takes listing from the directories above it)."""
     global _cached, _seen, _expires, _mounts
     with _lock:
-        if _one_shot and _fd < 0:
-            return _scan()[0]  # with no inotify descriptor: nothing is watched
         now = time.monotonic()
-        if _fd < 0 and now >= _retry_at:
+        if _fd < 0 and now >= _retry_at and not _one_shot:
             _start(now)
         mounts = _mount_table()
         if _cached is not None and now < _expires and mounts == _mounts != b"?" and (
@@ -158,13 +158,14 @@ def files() -> tuple[str, ...]:
         result, watched = _scan()
         if _fd >= 0 and not watched:
             _give_up(now)
-        _cached, _seen, _expires, _mounts = result, seen, now + MAX_AGE, mounts
+        age = ONE_SHOT_AGE if _one_shot else MAX_AGE
+        _cached, _seen, _expires, _mounts = result, seen, now + age, mounts
         return result
 
 
 def one_shot() -> None:
-    """This process builds its sandboxes and ends: files() scans at every call, and sets
-    no watch (sandlock/__main__.py, for run, net-run and pipe)."""
+    """This process builds its sandboxes and ends: files() sets no watch, and reuses a
+    scan for ONE_SHOT_AGE at most (sandlock/__main__.py, for run, net-run and pipe)."""
     global _one_shot
     _one_shot = True
 
