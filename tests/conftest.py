@@ -133,7 +133,10 @@ class TcpServer:
     def _serve(self):
         while not self._stop:
             try:
-                select.select([self.sock], [], [])
+                # Bounded: close() joins this thread before it closes the socket (a
+                # select on a closed fd number, reused meanwhile, would never return).
+                if not select.select([self.sock], [], [], 0.1)[0]:
+                    continue
                 with self._lock:
                     conn, _ = self.sock.accept()
                     self._accepted += 1
@@ -170,6 +173,7 @@ class TcpServer:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self._thread.join(5)
         self.sock.close()
 
 

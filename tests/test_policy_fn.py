@@ -752,7 +752,7 @@ def test_a_thread_never_gets_an_fd_table_of_its_own(tmp_path_factory):
     exe = _compile(tmp_path_factory, "thread_own_files")
     r = sandbox(fs_readable=[exe]).run([exe], timeout=30)
     assert r.stdout == b"refused 1\n", r
-    bare = subprocess.run([exe], capture_output=True)
+    bare = subprocess.run([exe], capture_output=True, timeout=30)
     assert bare.stdout == b"started\n"  # control: the kernel itself allows it
 
 
