@@ -9,9 +9,11 @@ renamed), report any entry created, removed, renamed, or whose owner or mode cha
 the mount table (/proc/self/mountinfo, compared whole: a mount raises no inotify event)
 must be the one the scan saw. Invariants:
   - a scan is reused only if no event is queued, (in a forked process) the process it was
-    inherited from has not drained one since, the mount table is unchanged, and it is
-    younger than MAX_AGE (a change made through another hard link of a file reaches no
-    watch on /etc);
+    inherited from has not drained one since, the mount table is unchanged, every file
+    the scan met with several links has the owner and mode it had (a chmod through
+    another hard link reaches no watch on /etc: these are stat'ed again), and it is
+    younger than MAX_AGE (a file linked elsewhere only after the scan, then changed
+    through that link, is seen no sooner);
   - a directory is watched before it is listed, so an entry made during the scan is either
     listed or reported;
   - without inotify (no instance or watch left for this user), a scan is reused for
@@ -50,6 +52,7 @@ _shared: mmap.mmap | None = None  # u64: drains so far, seen by every forked pro
 _seen = -1                    # the drain count the cached scan is valid for
 _mounts = b""                 # the mount table the cached scan saw
 _cached: tuple[str, ...] | None = None
+_linked: tuple = ()           # (path, identity) of the scan's files of several links
 _expires = 0.0
 _one_shot = False             # one_shot(): nothing watched, a scan reused ONE_SHOT_AGE
 
@@ -100,10 +103,24 @@ def _watch(d: str) -> bool:
         return e.errno in (errno.ENOENT, errno.ENOTDIR)
 
 
-def _scan() -> tuple[tuple[str, ...], bool]:
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_uid, st.st_mode
+
+
+def _unchanged(linked) -> bool:
+    for path, identity in linked:
+        try:
+            if _identity(os.lstat(path)) != identity:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _scan() -> tuple[tuple[str, ...], bool, tuple]:
     """(the files, whether every directory scanned, and the ancestors of each root, are
-    watched)."""
-    found = []
+    watched, the files of several links met)."""
+    found, linked = [], []
     watched = _fd >= 0
     for root in SCAN:  # a root made, removed or renamed: an event on an ancestor
         d = os.path.dirname(root)
@@ -125,6 +142,8 @@ def _scan() -> tuple[tuple[str, ...], bool]:
                         st = entry.stat(follow_symlinks=False)
                     except OSError:
                         continue
+                    if st.st_nlink > 1 and stat.S_ISREG(st.st_mode):
+                        linked.append((entry.path, _identity(st)))  # whoever owns it
                     if stat.S_ISLNK(st.st_mode) or st.st_uid != 0:
                         continue
                     if stat.S_ISDIR(st.st_mode):
@@ -133,21 +152,21 @@ def _scan() -> tuple[tuple[str, ...], bool]:
                         found.append(entry.path)
         except OSError:
             continue
-    return tuple(sorted(found)), watched
+    return tuple(sorted(found)), watched, tuple(linked)
 
 
 def files() -> tuple[str, ...]:
     """The files under SCAN that belong to root and that others may not read. Files, not
     directories, so that every directory stays listable (fs_rules: a denied directory
     takes listing from the directories above it)."""
-    global _cached, _seen, _expires, _mounts
+    global _cached, _seen, _expires, _mounts, _linked
     with _lock:
         now = time.monotonic()
         if _fd < 0 and now >= _retry_at and not _one_shot:
             _start(now)
         mounts = _mount_table()
         if _cached is not None and now < _expires and mounts == _mounts != b"?" and (
-                _fd < 0 or (not _pending() and _drains() == _seen)):
+                _fd < 0 or (not _pending() and _drains() == _seen)) and _unchanged(_linked):
             return _cached
         seen = -1
         if _fd >= 0:
@@ -155,11 +174,11 @@ def files() -> tuple[str, ...]:
                 struct.pack_into("<Q", _shared, 0, _drains() + 1)  # before: see above
                 inotify.drain(_fd)
             seen = _drains()
-        result, watched = _scan()
+        result, watched, linked = _scan()
         if _fd >= 0 and not watched:
             _give_up(now)
         age = ONE_SHOT_AGE if _one_shot else MAX_AGE
-        _cached, _seen, _expires, _mounts = result, seen, now + age, mounts
+        _cached, _seen, _expires, _mounts, _linked = result, seen, now + age, mounts, linked
         return result
 
 

@@ -918,6 +918,41 @@ def test_a_sandbox_built_ahead_outlives_changes_beside_what_it_read(env, tmp_pat
         r.stderr
 
 
+def test_a_path_looked_up_through_another_filesystem_is_read_again(env, tmp_path):
+    """A grant reached through a filesystem inotify cannot vouch for (here /proc: a
+    process's cwd link, re-pointed when it changes directory; review: a symlink on FUSE
+    to a local directory) is read again at use: the sandbox built with the old target is
+    not used, and the call reads what a fresh build grants. The control: unchanged, used."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "f").write_text(f"in {d.name}\n")
+    mover = subprocess.Popen([sys.executable, "-c", "import os, sys\n"
+                              "for line in sys.stdin:\n os.chdir(line.strip()); print(1, "
+                              "flush=True)"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        mover.stdin.write(f"{a}\n")
+        mover.stdin.flush()
+        assert mover.stdout.readline() == "1\n"
+        link = f"/proc/{mover.pid}/cwd"
+        args = ("run", "-r", link, "--", "cat", str(a / "f"))
+        _until_prepared_in(env, tmp_path, args, "in a\n")  # the control: used
+        mover.stdin.write(f"{b}\n")
+        mover.stdin.flush()
+        assert mover.stdout.readline() == "1\n"
+        r = client(env, *args, debug=True, cwd=tmp_path)
+        assert "prepared sandbox used" not in r.stderr, r.stderr
+        assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)  # a: no longer
+        fresh = in_process(env, *args, cwd=tmp_path)
+        assert fresh.returncode != 0 and fresh.stdout == "", fresh.stdout
+        r = client(env, "run", "-r", link, "--", "cat", str(b / "f"), cwd=tmp_path)
+        assert r.stdout == "in b\n", r.stderr
+    finally:
+        mover.kill()
+        mover.wait()
+
+
 def test_a_sandbox_built_ahead_sees_what_a_path_through_dotdot_or_a_symlink_chain_meets(
         env, tmp_path):
     """(review of the watches above paths read) What counts in a directory above a path

@@ -24,8 +24,9 @@ entries those are is found as the kernel resolves the path (_lookups: through `.
 each symlink of a chain as it takes them, never os.path's lexical normalization), and
 a directory that looks names up ignoring case counts whole. What inotify cannot vouch for is read again at use
 and compared (changed()): contents read, files of several links, /proc and /sys, the
-mount table, anything on a filesystem not in _LOCAL_FS (NFS, FUSE: changed elsewhere), and
-every answer from elsewhere.
+mount table, anything on or looked up through a filesystem not in _LOCAL_FS (NFS, FUSE:
+changed elsewhere, a symlink there re-pointed to a local path included), and every answer
+from elsewhere.
 """
 
 from __future__ import annotations
@@ -337,13 +338,13 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict, dict] | None:
     `..` and symlinks as it takes them) and each directory listed (entries made,
     removed, renamed, their owner or mode changed; inotify.CHANGES); the deps it cannot
     vouch for, to redo at use: contents read (a write is no entry change), files of
-    several links (changed through another name), /proc and /sys, and what lies on a
-    filesystem not in _LOCAL_FS; and which events matter (moved()): in a directory listed,
-    any; in one a path goes through, those on the entry it looks up there and on the
-    directory itself, not on its other entries (another file made in /tmp or the home
-    changes nothing the build read); and each watch's directory (what moved() names). None
-    if a watch cannot be set (no instance or watch
-    left for this user, ...), or if what the paths resolve through changed meanwhile."""
+    several links (changed through another name), /proc and /sys, and what lies on, or
+    is looked up through, a filesystem not in _LOCAL_FS; and which events matter
+    (moved()): in a directory listed, any; in one a path goes through, those on the entry
+    it looks up there and on the directory itself, not on its other entries (another file
+    made in /tmp or the home changes nothing the build read); and each watch's directory
+    (what moved() names). None if a watch cannot be set (no instance or watch left for
+    this user, ...), or if what the paths resolve through changed meanwhile."""
     from .._kernel import inotify
     points = {}  # mount point -> the filesystem type of the one seen there: the last
     for point, fs in mounts:  # mounted (mountinfo's order, which `mounts` keeps per point)
@@ -363,8 +364,12 @@ def watch(deps: dict, mounts) -> tuple[int, dict, dict, dict] | None:
         if dep[1] in _CONSTANT or dep[1] == MOUNT_TABLE:  # the latter: mount_table()'s
             continue
         spelled = dep[1] if os.path.isabs(dep[1]) else os.path.join(os.getcwd(), dep[1])
-        _, real = _resolve(spelled, look)
-        if fs_of(real) not in _LOCAL_FS or (dep[0] == "O" and len(seen) == 3) or (
+        met, real = _resolve(spelled, look)
+        # Local all the way: a lookup in a directory elsewhere (FUSE, NFS, /proc) may meet
+        # a symlink re-pointed, or an entry made, with no inotify event (review: a FUSE
+        # link to a local directory, re-pointed, kept its old grant).
+        if any(fs_of(d) not in _LOCAL_FS for d, _ in met) or (
+                fs_of(real) not in _LOCAL_FS) or (dep[0] == "O" and len(seen) == 3) or (
                 seen[0] == "ok" and dep[0] in "SO" and stat.S_ISREG(seen[1][0])
                 and seen[1][5] > 1):
             redo[dep] = seen
