@@ -280,34 +280,86 @@ MAX_LINE = 1 << 16  # a git config line longer than this is read as several
 MAX_CONFIG = 1 << 20  # bytes of a git config read for core.hooksPath, at most
 
 
+MAX_INCLUDE_DEPTH = 10  # git's own limit on include chains
+
+
+def _git_config(cfg: str) -> tuple[list[str], list[str]] | None:
+    """(core.hooksPath values, include paths as written) of the git config file `cfg`, or
+    None where there is none. A hooksPath key counts in any section; a path key in
+    [include] and in [includeIf ...], whatever its condition. Read line by line, each
+    bounded, and the whole too: what lies beyond is unchecked, so refused."""
+    if os.path.realpath(cfg).startswith(("/proc/", "/sys/")):
+        return None  # no git config (git would not finish reading one either)
+    fd = open_regular(cfg)
+    if fd is None:
+        return None
+    hooks = collections.deque(maxlen=64)  # git uses the last: the last ones are kept
+    includes: list[str] = []
+    section, read = "", 0
+    with os.fdopen(fd, "rb") as f:
+        for raw in iter(lambda: f.readline(MAX_LINE), b""):
+            read += len(raw)
+            if read > MAX_CONFIG:
+                from .errors import PolicyError
+                raise PolicyError(f"{cfg}: over {MAX_CONFIG} bytes: too large to check "
+                                  f"for core.hooksPath (remove it or grant less)")
+            line = raw.decode("utf-8", "replace").strip()
+            if line.startswith("["):  # [section] or [section "sub"], a key may follow
+                end = line.find("]")
+                section = line[1:end if end > 0 else None].split('"')[0].strip().lower()
+                line = line[end + 1:].strip() if end > 0 else ""
+            key, sep, value = line.partition("=")
+            if not sep:
+                continue
+            key, value = key.strip().lower(), value.strip().strip('"')
+            if key == "hookspath":
+                hooks.append(value)
+            elif key == "path" and section in ("include", "includeif") and value:
+                includes.append(value)
+    return list(hooks), includes
+
+
+def git_configs(configs, home: str | None = None) -> list[str]:
+    """`configs` and every file they include, transitively (git's depth limit), as git
+    finds them: `~/` from `home` (the user's own where None), a relative path from the
+    including file's directory. Each included file runs code as the config does (hooks
+    path, aliases, core.fsmonitor): protected as it is."""
+    out, seen = [], set()
+    level = list(configs)
+    for _ in range(MAX_INCLUDE_DEPTH + 1):
+        nxt = []
+        for cfg in level:
+            if cfg in seen:
+                continue
+            seen.add(cfg)
+            out.append(cfg)
+            parsed = _git_config(cfg)
+            for inc in parsed[1] if parsed else ():
+                if inc.startswith("~/") and home is not None:
+                    inc = os.path.join(home, inc[2:])
+                inc = os.path.expanduser(inc)
+                nxt.append(os.path.normpath(os.path.join(os.path.dirname(cfg), inc)))
+        level = nxt
+    return out
+
+
+def _home_configs(home_dirs) -> list[str]:
+    return [c for h in home_dirs for c in git_configs(
+        [os.path.join(h, rel) for rel in (".gitconfig", ".config/git/config")], h)]
+
+
 def hooks_paths(gitdir: str, worktree: str | None, home_dirs) -> list[str]:
     """Directories a core.hooksPath setting names (the repository's config, the user's
-    global ones): git runs what is there as hooks."""
+    global ones, and what each includes): git runs what is there as hooks."""
     out = []
-    configs = [os.path.join(gitdir, "config")]
-    configs += [os.path.join(h, rel) for h in home_dirs
-                for rel in (".gitconfig", ".config/git/config")]
-    for cfg in configs:
-        if os.path.realpath(cfg).startswith(("/proc/", "/sys/")):
-            continue  # no git config (git would not finish reading one either)
-        fd = open_regular(cfg)
-        if fd is None:
+    repo = git_configs([os.path.join(gitdir, "config")])
+    for cfg in repo + _home_configs(home_dirs):
+        parsed = _git_config(cfg)
+        if parsed is None:
             continue
-        values = collections.deque(maxlen=64)  # git uses the last: the last ones are kept
-        read = 0
-        with os.fdopen(fd, "rb") as f:  # line by line, each bounded; the whole too
-            for raw in iter(lambda: f.readline(MAX_LINE), b""):
-                read += len(raw)
-                if read > MAX_CONFIG:  # what lies beyond is unchecked: refused, not guessed
-                    from .errors import PolicyError
-                    raise PolicyError(f"{cfg}: over {MAX_CONFIG} bytes: too large to check "
-                                      f"for core.hooksPath (remove it or grant less)")
-                key, sep, value = raw.decode("utf-8", "replace").strip().partition("=")
-                if sep and key.strip().lower() == "hookspath":
-                    values.append(value)
-        base = worktree if cfg.startswith(gitdir) and worktree else os.path.dirname(cfg)
-        out += [os.path.realpath(os.path.join(base, os.path.expanduser(
-            v.strip().strip('"')))) for v in values]
+        base = worktree if cfg in repo and worktree else os.path.dirname(cfg)
+        out += [os.path.realpath(os.path.join(base, os.path.expanduser(v)))
+                for v in parsed[0]]
     return out
 
 
@@ -403,16 +455,25 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
                 hidden += _carve(p, named)
     roots = [w for w in writable if w != "/dev/null" and os.path.isdir(w)]
     vectors = _aliased([p for h in all_homes for p in persistence_paths(h)], exposed)
-    for p in dict.fromkeys(vectors):
+
+    def keep(p: str) -> None:
+        """A persistence vector: read-only where it is, never created where it is not."""
         if _named_exempt(p, named_write) or any(is_beneath(p, x) for x in hidden):
-            continue
+            return
         if not os.path.lexists(p):
             if _beneath_grant(p, wgrants):
                 guarded.append(p)
-            continue
+            return
         for q in dict.fromkeys((p, realpath(p))):
             if _beneath_grant(q, wgrants) and not _named_exempt(q, named_write):
                 readonly.append(q)
+    for p in dict.fromkeys(vectors):
+        keep(p)
+    tops = {os.path.join(h, rel) for h in all_homes
+            for rel in (".gitconfig", ".config/git/config")}  # vectors already
+    for p in _home_configs(all_homes):  # the git configs the global ones include
+        if p not in tops:
+            keep(p)
     found, project = _scan(roots, [SCAN_ENTRIES]) if roots else ([], [])
     repos = []
     for g in found:
@@ -424,6 +485,8 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
                 if os.path.lexists(p) and not _named_exempt(p, named_write) and \
                         _beneath_grant(p, wgrants):
                     readonly.append(p)
+            for p in git_configs([os.path.join(gd, "config")])[1:]:  # what it includes
+                keep(p)
         for hp in hooks_paths(g, worktree, all_homes):
             if _beneath_grant(hp, wgrants) and not _named_exempt(hp, named_write):
                 (readonly if os.path.lexists(hp) else guarded).append(hp)

@@ -116,6 +116,40 @@ def test_git_redirections_and_unscanned_repositories_are_protected(home, mode):
     assert {t: t.read_text() if t.exists() else None for t in targets} == before
 
 
+# Review 2026-12-07: git config files included by another ([include] path=, and
+# [includeIf ...] path= whatever its condition) run code as the config itself does
+# (core.hooksPath, aliases, core.fsmonitor...): they were neither protected nor read for
+# core.hooksPath.
+@pytest.mark.parametrize("mode", MODES)
+def test_included_git_config_files_are_protected(home, mode):
+    env = dict(os.environ, HOME=str(home))
+    proj = home / "proj"
+    (proj / "shared.gitconfig").write_text("[alias]\n\tst = status\n")
+    subprocess.run(["git", "-C", str(proj), "config", "include.path", "../shared.gitconfig"],
+                   check=True, env=env)  # relative to .git/config's directory
+    dotfiles = home / "dotfiles"
+    dotfiles.mkdir()
+    (dotfiles / "git.inc").write_text("[core]\n\thooksPath = ~/myhooks\n")
+    (home / "myhooks").mkdir()
+    (home / "myhooks/pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    with open(home / ".gitconfig", "a") as f:
+        f.write('[include]\n\tpath = ~/dotfiles/git.inc\n'
+                '[includeIf "gitdir:~/elsewhere/"]\n\tpath = dotfiles/absent.inc\n')
+    subprocess.run(["chmod", "-R", "a+rwX", str(home)], capture_output=True)
+    targets = [proj / "shared.gitconfig", dotfiles / "git.inc", home / "myhooks/pre-commit",
+               dotfiles / "absent.inc"]
+    before = {t: t.read_text() if t.exists() else None for t in targets}
+    code = ("import sys\nfor p in sys.argv[1:]:\n    try:\n"
+            "        open(p, 'a').write('x')\n        print('WROTE', p)\n"
+            "    except OSError as e:\n        print('refused', e.errno)\n")
+    control = dotfiles / "notes.txt"  # beside them: the grant's as ever
+    r = _py(home, code, *map(str, targets), str(control), mode=mode)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("refused") == len(targets), r.stdout
+    assert r.stdout.endswith(f"WROTE {control}\n"), r.stdout
+    assert {t: t.read_text() if t.exists() else None for t in targets} == before
+
+
 # F3: a seccomp-backend commit replaced .git (a directory) by a gitfile.
 def test_a_workspace_commit_never_replaces_a_repository(home):
     proj = home / "proj"
