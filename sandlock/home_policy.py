@@ -281,6 +281,7 @@ MAX_CONFIG = 1 << 20  # bytes of a git config read for core.hooksPath, at most
 
 
 MAX_INCLUDE_DEPTH = 10  # git's own limit on include chains
+MAX_CONFIGS = 256       # git config files followed from one set of configs, at most
 
 
 def _git_config(cfg: str) -> tuple[list[str], list[str]] | None:
@@ -319,7 +320,7 @@ def _git_config(cfg: str) -> tuple[list[str], list[str]] | None:
     return list(hooks), includes
 
 
-def git_configs(configs, home: str | None = None) -> list[str]:
+def git_configs(configs: list[str], home: str | None = None) -> list[str]:
     """`configs` and every file they include, transitively (git's depth limit), as git
     finds them: `~/` from `home` (the user's own where None), a relative path from the
     including file's directory. Each included file runs code as the config does (hooks
@@ -331,6 +332,10 @@ def git_configs(configs, home: str | None = None) -> list[str]:
         for cfg in level:
             if cfg in seen:
                 continue
+            if len(seen) >= MAX_CONFIGS:  # what lies beyond is unchecked: refused
+                from .errors import PolicyError
+                raise PolicyError(f"{configs[0]}: includes over {MAX_CONFIGS} git config "
+                                  f"files: too many to check (remove some or grant less)")
             seen.add(cfg)
             out.append(cfg)
             parsed = _git_config(cfg)
