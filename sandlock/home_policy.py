@@ -479,6 +479,9 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
     for p in _home_configs(all_homes):  # the git configs the global ones include
         if p not in tops:
             keep(p)
+    from .sourced import referenced
+    for p in referenced(all_homes):  # what the startup files source and include
+        keep(p)
     found, project = _scan(roots, [SCAN_ENTRIES]) if roots else ([], [])
     repos = []
     for g in found:

@@ -150,6 +150,40 @@ def test_included_git_config_files_are_protected(home, mode):
     assert {t: t.read_text() if t.exists() else None for t in targets} == before
 
 
+# Review 2026-12-07: what a startup file pulls in (a shell's `source`/`.`, ssh's Include,
+# tmux's source-file, vim's source) runs code as the startup file does; it was writable.
+@pytest.mark.parametrize("mode", MODES)
+def test_files_the_startup_files_pull_in_are_protected(home, mode):
+    dotfiles = home / "dotfiles"
+    (dotfiles / "conf.d").mkdir(parents=True)
+    for name in ("aliases.sh", "env.sh", "ssh.conf", "tmux.conf", "vim.vim",
+                 "conf.d/a.sh", "deeper.sh"):
+        (dotfiles / name).write_text("# ok\n")
+    (dotfiles / "aliases.sh").write_text("source ~/dotfiles/deeper.sh\n")  # one more level
+    with open(home / ".bashrc", "a") as f:
+        f.write('source ~/dotfiles/aliases.sh\n[ -f "$HOME/dotfiles/env.sh" ] && '
+                '. "$HOME/dotfiles/env.sh"\nfor f in x; do :; done; . dotfiles/absent.sh\n'
+                'source ~/dotfiles/conf.d/*.sh\n')
+    (home / ".ssh").mkdir(exist_ok=True)
+    with open(home / ".ssh/config", "a") as f:
+        f.write("Include ~/dotfiles/ssh.conf\n")
+    (home / ".tmux.conf").write_text("source-file -q ~/dotfiles/tmux.conf\n")
+    (home / ".vimrc").write_text('" a comment: source ~/nothing\nsource ~/dotfiles/vim.vim\n')
+    subprocess.run(["chmod", "-R", "a+rwX", str(home)], capture_output=True)
+    targets = [dotfiles / n for n in ("aliases.sh", "env.sh", "absent.sh", "conf.d/a.sh",
+                                      "deeper.sh", "ssh.conf", "tmux.conf", "vim.vim")]
+    before = {t: t.read_text() if t.exists() else None for t in targets}
+    code = ("import sys\nfor p in sys.argv[1:]:\n    try:\n"
+            "        open(p, 'a').write('x')\n        print('WROTE', p)\n"
+            "    except OSError as e:\n        print('refused', e.errno)\n")
+    control = dotfiles / "notes.txt"  # beside them: the grant's as ever
+    r = _py(home, code, *map(str, targets), str(control), mode=mode)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("refused") == len(targets), r.stdout
+    assert r.stdout.endswith(f"WROTE {control}\n"), r.stdout
+    assert {t: t.read_text() if t.exists() else None for t in targets} == before
+
+
 # F3: a seccomp-backend commit replaced .git (a directory) by a gitfile.
 def test_a_workspace_commit_never_replaces_a_repository(home):
     proj = home / "proj"

@@ -1,0 +1,106 @@
+"""Files the user's startup files pull in: what a shell's startup file sources, what ssh's
+config includes, what tmux's and vim's configs source. home_policy's persistence list
+names the startup files themselves; a file one of them pulls in runs code as that file
+does (a `source ~/dotfiles/aliases.sh` in ~/.bashrc, an `Include` whose hosts carry a
+ProxyCommand), so it is protected as that file is: read-only where it is, never created
+where it is not (home_policy.plan).
+
+Found as the program would find it, statically: `~` and $HOME expanded, a relative path
+from where the program resolves it (the home, or ~/.ssh for ssh), a glob expanded;
+followed into what those pull in, to MAX_DEPTH. A name built from anything else (another
+variable, a command's output) is left out: it cannot be known before the run. Each file is
+read bounded (MAX_BYTES); the whole walk too (MAX_FILES, refused beyond).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+from ._kernel.fileops import read_regular
+
+MAX_DEPTH = 5       # files pulled in by files pulled in...
+MAX_FILES = 256     # in all, from one home
+MAX_BYTES = 1 << 20
+MAX_GLOB = 64       # paths one glob names, at most
+
+# Shell: `source FILE` or `. FILE` as a command (after a line's start, ;, &, |, (, {).
+_SHELL = re.compile(r"""(?:^|[\s;&|({])(?:source|\.)\s+(["']?)([^\s;&|()"'`]+)\1""")
+_SSH = re.compile(r"^\s*include\s+(.+)$", re.IGNORECASE)
+_TMUX = re.compile(r"""(?:^|[\s;])source(?:-file)?\s+(?:-[qnvF]+\s+)*(["']?)([^\s;"']+)\1""")
+_VIM = re.compile(r"""^\s*(?:so|source)!?\s+(\S+)""")
+
+SHELL = (".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc",
+         ".zprofile", ".zshenv", ".zlogin", ".zlogout", ".bash_aliases", ".xsessionrc",
+         ".xprofile", ".xinitrc", ".xsession", ".config/fish/config.fish")
+OTHERS = {".ssh/config": "ssh", ".tmux.conf": "tmux", ".config/tmux/tmux.conf": "tmux",
+          ".vimrc": "vim", ".vim/vimrc": "vim"}
+
+
+def _names(kind: str, text: str) -> list[str]:
+    out = []
+    comment = '"' if kind == "vim" else "#"
+    for line in text.splitlines():
+        if line.lstrip().startswith(comment):
+            continue
+        if kind == "shell":
+            out += [m.group(2) for m in _SHELL.finditer(line)]
+        elif kind == "tmux":
+            out += [m.group(2) for m in _TMUX.finditer(line)]
+        elif kind == "vim":
+            out += [m.group(1) for m in _VIM.finditer(line)]
+        else:
+            m = _SSH.match(line)
+            if m:
+                out += m.group(1).split()
+    return out
+
+
+def _resolve(name: str, home: str, base: str) -> list[str]:
+    """The paths `name` names (several for a glob), or none where it is not static."""
+    name = name.strip("\"'")
+    for var in ("${HOME}", "$HOME"):
+        if name.startswith(var):
+            name = home + name[len(var):]
+    if name.startswith("~/") or name == "~":
+        name = home + name[1:]
+    if "$" in name or "`" in name or name.startswith("~"):
+        return []  # another variable, a command's output, another user's home
+    path = os.path.normpath(os.path.join(base, name))
+    if any(c in path for c in "*?["):
+        return sorted(glob.glob(path))[:MAX_GLOB]
+    return [path]
+
+
+def referenced(home_dirs) -> list[str]:
+    """Every file the startup files of `home_dirs` pull in, transitively, as above."""
+    out: list[str] = []
+    for home in home_dirs:
+        seen: set[str] = set()
+        level = [(os.path.join(home, rel), "shell") for rel in SHELL]
+        level += [(os.path.join(home, rel), kind) for rel, kind in OTHERS.items()]
+        for depth in range(MAX_DEPTH + 1):
+            nxt = []
+            for path, kind in level:
+                if path in seen:
+                    continue
+                if len(seen) >= MAX_FILES:
+                    from .errors import PolicyError
+                    raise PolicyError(f"{home}: its startup files pull in over {MAX_FILES} "
+                                      f"files: too many to check (grant less)")
+                seen.add(path)
+                if depth:
+                    out.append(path)
+                data = read_regular(path, MAX_BYTES + 1)
+                if not data:
+                    continue
+                if len(data) > MAX_BYTES:  # what lies beyond is unchecked: refused
+                    from .errors import PolicyError
+                    raise PolicyError(f"{path}: over {MAX_BYTES} bytes: too large to check "
+                                      f"for the files it pulls in (grant less)")
+                base = os.path.join(home, ".ssh") if kind == "ssh" else home
+                for name in _names(kind, data.decode("utf-8", "replace")):
+                    nxt += [(p, kind) for p in _resolve(name, home, base)]
+            level = nxt
+    return list(dict.fromkeys(out))
