@@ -479,9 +479,11 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
     for p in _home_configs(all_homes):  # the git configs the global ones include
         if p not in tops:
             keep(p)
-    from .sourced import referenced
-    for p in referenced(all_homes):  # what the startup files source and include
-        keep(p)
+    if wgrants:  # what the startup files source and include (only a writable grant
+        from .sourced import referenced  # can make anything of theirs writable)
+        for p in referenced(all_homes, lambda p: _beneath_grant(p, wgrants) or any(
+                is_beneath(p, h) for h in all_homes)):
+            keep(p)
     found, project = _scan(roots, [SCAN_ENTRIES]) if roots else ([], [])
     repos = []
     for g in found:

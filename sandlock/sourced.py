@@ -73,8 +73,11 @@ def _resolve(name: str, home: str, base: str) -> list[str]:
     return [path]
 
 
-def referenced(home_dirs) -> list[str]:
-    """Every file the startup files of `home_dirs` pull in, transitively, as above."""
+def referenced(home_dirs, follow=lambda path: True) -> list[str]:
+    """Every file the startup files of `home_dirs` pull in, transitively, as above; a file
+    pulled in is read for what it pulls in only where `follow(path)` (the plan follows
+    what lies in a home or beneath a writable grant, not the system's own scripts, which
+    no sandbox can change: /etc/bash_completion is ~100 KB of shell)."""
     out: list[str] = []
     for home in home_dirs:
         seen: set[str] = set()
@@ -92,6 +95,8 @@ def referenced(home_dirs) -> list[str]:
                 seen.add(path)
                 if depth:
                     out.append(path)
+                    if not follow(path):
+                        continue
                 data = read_regular(path, MAX_BYTES + 1)
                 if not data:
                     continue
