@@ -255,9 +255,9 @@ class Parked:
     sandbox's root and the program's process, which waits outside any namespace and
     confinement for call(): its stdio, working directory, ignored and blocked signals,
     program, arguments and environment (sandlock-exec.c, receive_call); everything after
-    that is a start's as ever. What it saves a call: posix_spawn, the trampoline's exec and its
-    fork (~0.45 ms of a warm `sandlock run`, measured in the serving child). Used once, or
-    discarded (killed, reaped)."""
+    that is a start's as ever. What it saves a call: posix_spawn, the trampoline's exec
+    and its fork (~0.45 ms of a warm `sandlock run`, measured in the serving child). Used
+    once, or discarded (killed, reaped)."""
 
     def __init__(self, conf: Confinement, begun: tuple):
         self.conf = conf

@@ -369,8 +369,8 @@ def test_glibc_s_own_signals_are_never_blocked_in_the_program():
     t.join(60)
     assert out["self"] == mask, out  # the caller had them blocked
     expected = 1 << (signal.SIGUSR1 - 1)
-    assert int(out["sandbox"].split()[1], 16) == int(out["bare"].split()[1], 16) == expected, \
-        out
+    got, bare = (int(out[k].split()[1], 16) for k in ("sandbox", "bare"))
+    assert got == bare == expected, out
 
 
 def test_a_double_forked_daemon_is_killed_at_the_end(tmp_path):
