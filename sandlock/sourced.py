@@ -6,7 +6,8 @@ ProxyCommand), so it is protected as that file is: read-only where it is, never 
 where it is not (home_policy.plan).
 
 Found as the program would find it, statically: `~` and $HOME expanded, a relative path
-from where the program resolves it (the home, or ~/.ssh for ssh), a glob expanded;
+from where the program resolves it (the home, or ~/.ssh for ssh), a glob expanded (and
+its directory kept whole, where a file made later would match; not a home itself);
 followed into what those pull in, to MAX_DEPTH. A name built from anything else (another
 variable, a command's output) is left out: it cannot be known before the run. Each file is
 read bounded (MAX_BYTES); the whole walk too (MAX_FILES, refused beyond).
@@ -19,6 +20,7 @@ import os
 import re
 
 from ._kernel.fileops import read_regular
+from .fs_rules import is_beneath
 
 MAX_DEPTH = 5       # files pulled in by files pulled in...
 MAX_FILES = 256     # in all, from one home
@@ -69,7 +71,13 @@ def _resolve(name: str, home: str, base: str) -> list[str]:
         return []  # another variable, a command's output, another user's home
     path = os.path.normpath(os.path.join(base, name))
     if any(c in path for c in "*?["):
-        return sorted(glob.glob(path))[:MAX_GLOB]
+        # What it matches now, and the directory it matches in: a file made there later
+        # is pulled in too (but a home itself, which a glob there would make read-only).
+        head = path
+        while any(c in head for c in "*?["):
+            head = os.path.dirname(head)
+        ahead = [] if head == home or is_beneath(home, head) else [head]
+        return ahead + sorted(glob.glob(path))[:MAX_GLOB]
     return [path]
 
 

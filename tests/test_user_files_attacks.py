@@ -171,7 +171,8 @@ def test_files_the_startup_files_pull_in_are_protected(home, mode):
     (home / ".vimrc").write_text('" a comment: source ~/nothing\nsource ~/dotfiles/vim.vim\n')
     subprocess.run(["chmod", "-R", "a+rwX", str(home)], capture_output=True)
     targets = [dotfiles / n for n in ("aliases.sh", "env.sh", "absent.sh", "conf.d/a.sh",
-                                      "deeper.sh", "ssh.conf", "tmux.conf", "vim.vim")]
+                                      "deeper.sh", "ssh.conf", "tmux.conf", "vim.vim",
+                                      "conf.d/new.sh")]  # a glob's directory: no new file
     before = {t: t.read_text() if t.exists() else None for t in targets}
     code = ("import sys\nfor p in sys.argv[1:]:\n    try:\n"
             "        open(p, 'a').write('x')\n        print('WROTE', p)\n"
