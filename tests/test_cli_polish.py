@@ -164,8 +164,11 @@ def test_the_demo_removes_what_it_created(tmp_path):
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp),
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    # From a directory of its own: net-run's working directory is a writable grant whose
+    # repositories are scanned, and the suite's may hold another test's (the unprivileged
+    # rerun's shards share theirs: a planted 1 MB git config refused the grant).
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "demo.py")],
-                       capture_output=True, text=True, timeout=240, env=env)
+                       capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "removed everything it created" in r.stdout
     assert os.listdir(tmp) == []

@@ -164,19 +164,22 @@ def _start() -> dict:
     chosen = os.environ.get("SANDLOCK_UNPRIVILEGED_TESTS")
     runs = []
     for i, tests in enumerate([chosen] if chosen else SHARDS):
+        # Beside the shards' working directory, not in it: a run or net-run there with
+        # its cwd writable scans the grant's repositories, and found the other shard's
+        # (a planted 1 MB git config refused the grant).
         for own in ("tmp", "home", "run"):
-            (work / f"{own}{i}").mkdir(mode=0o700)
-            os.chown(work / f"{own}{i}", 65534, 65534)
+            (public / f"{own}{i}").mkdir(mode=0o700)
+            os.chown(public / f"{own}{i}", 65534, 65534)
         # niced: where both runs want both cores, the root suite's timed trials go first
         cmd = ["nice", "-n", "10", setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
                "--inh-caps=-all", "--bounding-set=-all", "--",
                python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-               f"--basetemp={work}/tmp{i}/t"]
+               f"--basetemp={public}/tmp{i}/t"]
         cmd += tests.split() if chosen else ["-k", DESELECTED, *tests.split()]
         with open(work / f"out{i}", "w") as out:  # files: a full pipe would stall a shard
             runs.append(subprocess.Popen(cmd, cwd=work, stdout=out, stderr=subprocess.STDOUT,
-                                         env=dict(env, HOME=str(work / f"home{i}"),
-                                                  XDG_RUNTIME_DIR=str(work / f"run{i}"))))
+                                         env=dict(env, HOME=str(public / f"home{i}"),
+                                                  XDG_RUNTIME_DIR=str(public / f"run{i}"))))
     return {"runs": runs, "dir": public, "work": work, "started": time.monotonic()}
 
 
