@@ -116,6 +116,22 @@ def test_git_redirections_and_unscanned_repositories_are_protected(home, mode):
     assert {t: t.read_text() if t.exists() else None for t in targets} == before
 
 
+APPEND = ("import sys\nfor p in sys.argv[1:]:\n    try:\n"
+          "        open(p, 'a').write('x')\n        print('WROTE', p)\n"
+          "    except OSError as e:\n        print('refused', e.errno)\n")
+
+
+def _none_written(home, targets, control, mode) -> None:
+    """Under `-w HOME`, an append to each of `targets` is refused and changes nothing;
+    the control, a file beside them, is the grant's as ever."""
+    before = {t: t.read_text() if t.exists() else None for t in targets}
+    r = _py(home, APPEND, *map(str, targets), str(control), mode=mode)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("refused") == len(targets), r.stdout
+    assert r.stdout.endswith(f"WROTE {control}\n"), r.stdout
+    assert {t: t.read_text() if t.exists() else None for t in targets} == before
+
+
 # Review 2026-12-07: git config files included by another ([include] path=, and
 # [includeIf ...] path= whatever its condition) run code as the config itself does
 # (core.hooksPath, aliases, core.fsmonitor...): they were neither protected nor read for
@@ -138,16 +154,7 @@ def test_included_git_config_files_are_protected(home, mode):
     subprocess.run(["chmod", "-R", "a+rwX", str(home)], capture_output=True)
     targets = [proj / "shared.gitconfig", dotfiles / "git.inc", home / "myhooks/pre-commit",
                dotfiles / "absent.inc"]
-    before = {t: t.read_text() if t.exists() else None for t in targets}
-    code = ("import sys\nfor p in sys.argv[1:]:\n    try:\n"
-            "        open(p, 'a').write('x')\n        print('WROTE', p)\n"
-            "    except OSError as e:\n        print('refused', e.errno)\n")
-    control = dotfiles / "notes.txt"  # beside them: the grant's as ever
-    r = _py(home, code, *map(str, targets), str(control), mode=mode)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count("refused") == len(targets), r.stdout
-    assert r.stdout.endswith(f"WROTE {control}\n"), r.stdout
-    assert {t: t.read_text() if t.exists() else None for t in targets} == before
+    _none_written(home, targets, dotfiles / "notes.txt", mode)
 
 
 # Review 2026-12-07: what a startup file pulls in (a shell's `source`/`.`, ssh's Include,
@@ -173,16 +180,7 @@ def test_files_the_startup_files_pull_in_are_protected(home, mode):
     targets = [dotfiles / n for n in ("aliases.sh", "env.sh", "absent.sh", "conf.d/a.sh",
                                       "deeper.sh", "ssh.conf", "tmux.conf", "vim.vim",
                                       "conf.d/new.sh")]  # a glob's directory: no new file
-    before = {t: t.read_text() if t.exists() else None for t in targets}
-    code = ("import sys\nfor p in sys.argv[1:]:\n    try:\n"
-            "        open(p, 'a').write('x')\n        print('WROTE', p)\n"
-            "    except OSError as e:\n        print('refused', e.errno)\n")
-    control = dotfiles / "notes.txt"  # beside them: the grant's as ever
-    r = _py(home, code, *map(str, targets), str(control), mode=mode)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count("refused") == len(targets), r.stdout
-    assert r.stdout.endswith(f"WROTE {control}\n"), r.stdout
-    assert {t: t.read_text() if t.exists() else None for t in targets} == before
+    _none_written(home, targets, dotfiles / "notes.txt", mode)
 
 
 # F3: a seccomp-backend commit replaced .git (a directory) by a gitfile.
