@@ -5,7 +5,8 @@ does (a `source ~/dotfiles/aliases.sh` in ~/.bashrc, an `Include` whose hosts ca
 ProxyCommand), so it is protected as that file is: read-only where it is, never created
 where it is not (home_policy.plan).
 
-Found as the program would find it, statically: `~` and $HOME expanded, a relative path
+Found as the program would find it, statically: `~` and $HOME expanded (and, in a shell
+file, a variable that file set to a static value before: `$NVM_DIR/nvm.sh`), a relative path
 from where the program resolves it (the home, or ~/.ssh for ssh), a glob expanded (and
 its directory kept whole, where a file made later would match; not a home itself);
 followed into what those pull in, to MAX_DEPTH. A name built from anything else (another
@@ -27,8 +28,13 @@ MAX_FILES = 256     # in all, from one home
 MAX_BYTES = 1 << 20
 MAX_GLOB = 64       # paths one glob names, at most
 
-# Shell: `source FILE` or `. FILE` as a command (after a line's start, ;, &, |, (, {).
-_SHELL = re.compile(r"""(?:^|[\s;&|({])(?:source|\.)\s+(["']?)([^\s;&|()"'`]+)\1""")
+# Shell: `source FILE` or `. FILE` (nvm's installer writes `\.`) as a command (after a
+# line's start, ;, &, |, (, {); and a variable given a value (`export NVM_DIR="$HOME/.nvm"`),
+# which a later `source "$NVM_DIR/nvm.sh"` in the same file takes.
+_SHELL = re.compile(r"""(?:^|[\s;&|({])(?:source|\\?\.)\s+(["']?)([^\s;&|()"'`]+)\1""")
+_ASSIGN = re.compile(r"""^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)="""
+                     r"""(["']?)([^"'\s;`]*)\2\s*(?:;|$)""")
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _SSH = re.compile(r"^\s*include\s+(.+)$", re.IGNORECASE)
 _TMUX = re.compile(r"""(?:^|[\s;])source(?:-file)?\s+(?:-[qnvF]+\s+)*(["']?)([^\s;"']+)\1""")
 _VIM = re.compile(r"""^\s*(?:so|source)!?\s+(\S+)""")
@@ -40,14 +46,24 @@ OTHERS = {".ssh/config": "ssh", ".tmux.conf": "tmux", ".config/tmux/tmux.conf": 
           ".vimrc": "vim", ".vim/vimrc": "vim"}
 
 
-def _names(kind: str, text: str) -> list[str]:
+def _expand(value: str, names: dict) -> str:
+    """$NAME and ${NAME} replaced where `names` knows them (others left, then not
+    followed)."""
+    return _VAR.sub(lambda m: names.get(m.group(1) or m.group(2), m.group(0)), value)
+
+
+def _names(kind: str, text: str, home: str) -> list[str]:
     out = []
     comment = '"' if kind == "vim" else "#"
+    names = {"HOME": home}  # the file's own variables, as it sets them, in order
     for line in text.splitlines():
         if line.lstrip().startswith(comment):
             continue
         if kind == "shell":
-            out += [m.group(2) for m in _SHELL.finditer(line)]
+            m = _ASSIGN.match(line)
+            if m:
+                names[m.group(1)] = _expand(m.group(3), names)
+            out += [_expand(m.group(2), names) for m in _SHELL.finditer(line)]
         elif kind == "tmux":
             out += [m.group(2) for m in _TMUX.finditer(line)]
         elif kind == "vim":
@@ -113,7 +129,7 @@ def referenced(home_dirs, follow=lambda path: True) -> list[str]:
                     raise PolicyError(f"{path}: over {MAX_BYTES} bytes: too large to check "
                                       f"for the files it pulls in (grant less)")
                 base = os.path.join(home, ".ssh") if kind == "ssh" else home
-                for name in _names(kind, data.decode("utf-8", "replace")):
+                for name in _names(kind, data.decode("utf-8", "replace"), home):
                     nxt += [(p, kind) for p in _resolve(name, home, base)]
             level = nxt
     return list(dict.fromkeys(out))

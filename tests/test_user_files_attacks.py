@@ -162,15 +162,20 @@ def test_included_git_config_files_are_protected(home, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_files_the_startup_files_pull_in_are_protected(home, mode):
     dotfiles = home / "dotfiles"
-    (dotfiles / "conf.d").mkdir(parents=True)
+    for d in ("conf.d", "nvm", "omz"):
+        (dotfiles / d).mkdir(parents=True)
     for name in ("aliases.sh", "env.sh", "ssh.conf", "tmux.conf", "vim.vim",
-                 "conf.d/a.sh", "deeper.sh"):
+                 "conf.d/a.sh", "deeper.sh", "nvm/nvm.sh", "omz/oh-my-zsh.sh"):
         (dotfiles / name).write_text("# ok\n")
     (dotfiles / "aliases.sh").write_text("source ~/dotfiles/deeper.sh\n")  # one more level
     with open(home / ".bashrc", "a") as f:
         f.write('source ~/dotfiles/aliases.sh\n[ -f "$HOME/dotfiles/env.sh" ] && '
                 '. "$HOME/dotfiles/env.sh"\nfor f in x; do :; done; . dotfiles/absent.sh\n'
-                'source ~/dotfiles/conf.d/*.sh\n')
+                'source ~/dotfiles/conf.d/*.sh\n'
+                # as nvm's installer and oh-my-zsh write them: through a variable set above
+                'export NVM_DIR="$HOME/dotfiles/nvm"\n'
+                '[ -s "$NVM_DIR/nvm.sh" ] && \\. "$NVM_DIR/nvm.sh"  # This loads nvm\n')
+    (home / ".zshrc").write_text('export ZSH=$HOME/dotfiles/omz\nsource $ZSH/oh-my-zsh.sh\n')
     (home / ".ssh").mkdir(exist_ok=True)
     with open(home / ".ssh/config", "a") as f:
         f.write("Include ~/dotfiles/ssh.conf\n")
@@ -179,7 +184,7 @@ def test_files_the_startup_files_pull_in_are_protected(home, mode):
     subprocess.run(["chmod", "-R", "a+rwX", str(home)], capture_output=True)
     targets = [dotfiles / n for n in ("aliases.sh", "env.sh", "absent.sh", "conf.d/a.sh",
                                       "deeper.sh", "ssh.conf", "tmux.conf", "vim.vim",
-                                      "conf.d/new.sh")]  # a glob's directory: no new file
+                                      "conf.d/new.sh", "nvm/nvm.sh", "omz/oh-my-zsh.sh")]  # a glob's directory: no new file
     _none_written(home, targets, dotfiles / "notes.txt", mode)
 
 
