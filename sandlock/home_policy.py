@@ -320,11 +320,12 @@ def _git_config(cfg: str) -> tuple[list[str], list[str]] | None:
     return list(hooks), includes
 
 
-def git_configs(configs: list[str], home: str | None = None) -> list[str]:
-    """`configs` and every file they include, transitively (git's depth limit), as git
-    finds them: `~/` from `home` (the user's own where None), a relative path from the
-    including file's directory. Each included file runs code as the config does (hooks
-    path, aliases, core.fsmonitor): protected as it is."""
+def git_configs(configs: list[str], home: str | None = None) -> list[tuple[str, list]]:
+    """(path, its core.hooksPath values) of `configs` and of every file they include,
+    transitively (git's depth limit), as git finds them: `~/` from `home` (the user's own
+    where None), a relative path from the including file's directory. Each included file
+    runs code as the config does (hooks path, aliases, core.fsmonitor): protected as it
+    is."""
     out, seen = [], set()
     level = list(configs)
     for _ in range(MAX_INCLUDE_DEPTH + 1):
@@ -337,8 +338,8 @@ def git_configs(configs: list[str], home: str | None = None) -> list[str]:
                 raise PolicyError(f"{configs[0]}: includes over {MAX_CONFIGS} git config "
                                   f"files: too many to check (remove some or grant less)")
             seen.add(cfg)
-            out.append(cfg)
             parsed = _git_config(cfg)
+            out.append((cfg, parsed[0] if parsed else []))
             for inc in parsed[1] if parsed else ():
                 if inc.startswith("~/") and home is not None:
                     inc = os.path.join(home, inc[2:])
@@ -348,23 +349,29 @@ def git_configs(configs: list[str], home: str | None = None) -> list[str]:
     return out
 
 
-def _home_configs(home_dirs) -> list[str]:
-    return [c for h in home_dirs for c in git_configs(
-        [os.path.join(h, rel) for rel in (".gitconfig", ".config/git/config")], h)]
+GLOBAL_CONFIGS = (".gitconfig", ".config/git/config")
 
 
-def hooks_paths(gitdir: str, worktree: str | None, home_dirs) -> list[str]:
+def home_configs(home_dirs) -> list[tuple[str, list]]:
+    """git_configs() of each home's global configs."""
+    return [c for h in home_dirs
+            for c in git_configs([os.path.join(h, rel) for rel in GLOBAL_CONFIGS], h)]
+
+
+def hooks_paths(gitdir: str, worktree: str | None, home_dirs, global_configs=None
+                ) -> list[str]:
     """Directories a core.hooksPath setting names (the repository's config, the user's
-    global ones, and what each includes): git runs what is there as hooks."""
+    global ones, and what each includes): git runs what is there as hooks.
+    `global_configs`: home_configs(home_dirs), if read already."""
     out = []
-    repo = git_configs([os.path.join(gitdir, "config")])
-    for cfg in repo + _home_configs(home_dirs):
-        parsed = _git_config(cfg)
-        if parsed is None:
-            continue
-        base = worktree if cfg in repo and worktree else os.path.dirname(cfg)
-        out += [os.path.realpath(os.path.join(base, os.path.expanduser(v)))
-                for v in parsed[0]]
+    for cfg, values in git_configs([os.path.join(gitdir, "config")]):
+        base = worktree or os.path.dirname(cfg)
+        out += [os.path.realpath(os.path.join(base, os.path.expanduser(v))) for v in values]
+    if global_configs is None:
+        global_configs = home_configs(home_dirs)
+    for cfg, values in global_configs:
+        out += [os.path.realpath(os.path.join(os.path.dirname(cfg), os.path.expanduser(v)))
+                for v in values]
     return out
 
 
@@ -474,13 +481,15 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
                 readonly.append(q)
     for p in dict.fromkeys(vectors):
         keep(p)
-    tops = {os.path.join(h, rel) for h in all_homes
-            for rel in (".gitconfig", ".config/git/config")}  # vectors already
-    for p in _home_configs(all_homes):  # the git configs the global ones include
+    # Only a writable grant can make anything of theirs writable: what the global git
+    # configs include, and what the startup files source and include.
+    global_configs = home_configs(all_homes) if wgrants else []
+    tops = {os.path.join(h, rel) for h in all_homes for rel in GLOBAL_CONFIGS}  # vectors
+    for p, _ in global_configs:
         if p not in tops:
             keep(p)
-    if wgrants:  # what the startup files source and include (only a writable grant
-        from .sourced import referenced  # can make anything of theirs writable)
+    if wgrants:
+        from .sourced import referenced
         for p in referenced(all_homes, lambda p: _beneath_grant(p, wgrants) or any(
                 is_beneath(p, h) for h in all_homes)):
             keep(p)
@@ -495,9 +504,9 @@ def plan(readable, writable, named=None, home_dir: str | None = None) -> HomePla
                 if os.path.lexists(p) and not _named_exempt(p, named_write) and \
                         _beneath_grant(p, wgrants):
                     readonly.append(p)
-            for p in git_configs([os.path.join(gd, "config")])[1:]:  # what it includes
+            for p, _ in git_configs([os.path.join(gd, "config")])[1:]:  # its includes
                 keep(p)
-        for hp in hooks_paths(g, worktree, all_homes):
+        for hp in hooks_paths(g, worktree, all_homes, global_configs):
             if _beneath_grant(hp, wgrants) and not _named_exempt(hp, named_write):
                 (readonly if os.path.lexists(hp) else guarded).append(hp)
     for p in project:

@@ -17,6 +17,7 @@ read bounded (MAX_BYTES); the whole walk too (MAX_FILES, refused beyond).
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 
@@ -26,7 +27,7 @@ from .fs_rules import is_beneath
 MAX_DEPTH = 5       # files pulled in by files pulled in...
 MAX_FILES = 256     # in all, from one home
 MAX_BYTES = 1 << 20
-MAX_GLOB = 64       # paths one glob names, at most
+MAX_GLOB = 64       # paths a glob is followed into, at most (its directory is kept whole)
 
 # Shell: `source FILE` or `. FILE` (nvm's installer writes `\.`) as a command (after a
 # line's start, ;, &, |, (, {); and a variable given a value (`export NVM_DIR="$HOME/.nvm"`),
@@ -93,7 +94,7 @@ def _resolve(name: str, home: str, base: str) -> list[str]:
         while any(c in head for c in "*?["):
             head = os.path.dirname(head)
         ahead = [] if head == home or is_beneath(home, head) else [head]
-        return ahead + sorted(glob.glob(path))[:MAX_GLOB]
+        return ahead + sorted(itertools.islice(glob.iglob(path), MAX_GLOB))  # bounded
     return [path]
 
 
