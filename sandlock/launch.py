@@ -354,9 +354,9 @@ def _ignored_signals() -> int:
 
 def _blocked_signals() -> int:
     """The calling thread's blocked signals (bit n-1: signal n), which a program it
-    starts with posix_spawn would inherit (but glibc's 32 and 33: sandlock-exec.c)."""
-    return sum(1 << (int(sig) - 1) for sig in signal.pthread_sigmask(signal.SIG_BLOCK, ())
-               if int(sig) not in (32, 33))
+    starts with posix_spawn would inherit (sandlock-exec.c's set_blocked drops glibc's
+    32 and 33)."""
+    return sum(1 << (int(sig) - 1) for sig in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 
 
 _parked: Parked | None = None  # this process's one parked start (a spare has one sandbox)
